@@ -1,0 +1,429 @@
+//! [`Bytes`]: host memory handed to and returned from the runtime.
+//!
+//! A `Bytes` is owned (an aligned heap buffer, or a `Vec` kept without copying), backend-provided
+//! (pinned host memory, through [`HostBuffer`]), file-backed or lazy. File-backed and lazy bytes are
+//! read on first access: a lazy `Bytes` from `read_lazy` copies device memory to the host then, and
+//! keeps its source allocation alive until it does.
+
+use std::alloc::Layout;
+use std::path::PathBuf;
+use std::sync::OnceLock;
+
+use crate::elem::Elem;
+use crate::error::ServerError;
+
+/// Alignment of every buffer the runtime allocates on the host, in bytes.
+pub const HOST_ALIGNMENT: usize = 64;
+
+/// Host memory owned by something other than a plain heap buffer (pinned memory, a typed `Vec`).
+pub trait HostBuffer: Send + Sync + 'static {
+    /// The bytes.
+    fn as_bytes(&self) -> &[u8];
+    /// The bytes, mutably.
+    fn as_bytes_mut(&mut self) -> &mut [u8];
+    /// Whether this memory is pinned (page-locked), so devices can copy from it directly.
+    fn is_pinned(&self) -> bool {
+        false
+    }
+}
+
+impl<E: Elem> HostBuffer for Vec<E> {
+    fn as_bytes(&self) -> &[u8] {
+        bytemuck::cast_slice(self)
+    }
+    fn as_bytes_mut(&mut self) -> &mut [u8] {
+        bytemuck::cast_slice_mut(self)
+    }
+}
+
+/// Where the bytes of a [`Bytes`] live.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BytesKind {
+    /// An ordinary heap buffer.
+    Owned,
+    /// Pinned host memory provided by a backend.
+    Pinned,
+    /// A range of a file, read on first access.
+    File,
+    /// Deferred: produced on first access (e.g. a device-to-host copy from `read_lazy`).
+    Lazy,
+}
+
+/// A heap buffer aligned to [`HOST_ALIGNMENT`].
+pub struct AlignedBuf {
+    ptr: core::ptr::NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: AlignedBuf owns its allocation exclusively, like a Vec<u8>.
+unsafe impl Send for AlignedBuf {}
+// SAFETY: shared access only hands out `&[u8]`.
+unsafe impl Sync for AlignedBuf {}
+
+impl AlignedBuf {
+    fn layout(len: usize) -> Layout {
+        Layout::from_size_align(len.max(1), HOST_ALIGNMENT)
+            .unwrap_or_else(|_| panic!("host buffer of {len} bytes exceeds the address space"))
+    }
+
+    /// A zero-filled buffer of `len` bytes.
+    pub fn zeroed(len: usize) -> Self {
+        let layout = Self::layout(len);
+        // SAFETY: the layout has a non-zero size.
+        let raw = unsafe { std::alloc::alloc_zeroed(layout) };
+        let ptr = core::ptr::NonNull::new(raw).unwrap_or_else(|| std::alloc::handle_alloc_error(layout));
+        Self { ptr, len }
+    }
+
+    /// A buffer holding a copy of `src`.
+    pub fn copy_from(src: &[u8]) -> Self {
+        let layout = Self::layout(src.len());
+        // SAFETY: the layout has a non-zero size.
+        let raw = unsafe { std::alloc::alloc(layout) };
+        let ptr = core::ptr::NonNull::new(raw).unwrap_or_else(|| std::alloc::handle_alloc_error(layout));
+        // SAFETY: `ptr` is a fresh allocation of at least `src.len()` bytes; the ranges are disjoint.
+        unsafe { core::ptr::copy_nonoverlapping(src.as_ptr(), ptr.as_ptr(), src.len()) };
+        Self { ptr, len: src.len() }
+    }
+
+    /// The bytes.
+    pub fn as_slice(&self) -> &[u8] {
+        // SAFETY: `ptr` points to `len` initialised bytes owned by `self`.
+        unsafe { core::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+
+    /// The bytes, mutably.
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: `ptr` points to `len` initialised bytes owned exclusively by `self`.
+        unsafe { core::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl Drop for AlignedBuf {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `zeroed`/`copy_from` with this same layout.
+        unsafe { std::alloc::dealloc(self.ptr.as_ptr(), Self::layout(self.len)) };
+    }
+}
+
+type LazySource = Box<dyn FnOnce() -> Result<Bytes, ServerError> + Send>;
+
+struct Deferred {
+    len: usize,
+    kind: BytesKind,
+    source: spin::Mutex<Option<LazySource>>,
+    value: OnceLock<Result<Box<Bytes>, ServerError>>,
+}
+
+impl Deferred {
+    fn force(&self) -> &Result<Box<Bytes>, ServerError> {
+        self.value.get_or_init(|| {
+            let source = self.source.lock().take();
+            let source = source.unwrap_or_else(|| unreachable!("a lazy source runs exactly once"));
+            let bytes = source()?;
+            if bytes.len() != self.len {
+                return Err(ServerError::Driver(format!(
+                    "lazy source produced {} bytes, {} were announced",
+                    bytes.len(),
+                    self.len
+                )));
+            }
+            Ok(Box::new(bytes))
+        })
+    }
+}
+
+enum Repr {
+    Owned(AlignedBuf),
+    Host(Box<dyn HostBuffer>),
+    Deferred(Box<Deferred>),
+}
+
+/// Host bytes: what `create` takes and what reads return. Dereferences to `[u8]`.
+///
+/// Dereferencing a lazy or file-backed `Bytes` performs its deferred read; if that read fails the
+/// dereference panics with the error. Use [`Bytes::try_as_slice`] to get the error instead.
+pub struct Bytes {
+    repr: Repr,
+}
+
+impl Bytes {
+    /// A copy of `data` in an aligned buffer.
+    pub fn from_slice(data: &[u8]) -> Self {
+        Self::from_aligned(AlignedBuf::copy_from(data))
+    }
+
+    /// Take a byte vector without copying.
+    pub fn from_vec(data: Vec<u8>) -> Self {
+        Self::from_host_buffer(Box::new(data))
+    }
+
+    /// Take a vector of elements without copying.
+    pub fn from_elems<E: Elem>(data: Vec<E>) -> Self {
+        Self::from_host_buffer(Box::new(data))
+    }
+
+    /// A copy of a slice of elements.
+    pub fn from_elem_slice<E: Elem>(data: &[E]) -> Self {
+        Self::from_slice(bytemuck::cast_slice(data))
+    }
+
+    /// `len` zero bytes.
+    pub fn zeroed(len: usize) -> Self {
+        Self::from_aligned(AlignedBuf::zeroed(len))
+    }
+
+    /// Wrap an aligned buffer.
+    pub fn from_aligned(buf: AlignedBuf) -> Self {
+        Self {
+            repr: Repr::Owned(buf),
+        }
+    }
+
+    /// Wrap host memory provided by a backend or the user (pinned memory, say).
+    pub fn from_host_buffer(buf: Box<dyn HostBuffer>) -> Self {
+        Self {
+            repr: Repr::Host(buf),
+        }
+    }
+
+    /// Bytes produced by `source` on first access. `len` must be the length it will produce.
+    ///
+    /// `source` runs at most once, on the thread that first accesses the bytes.
+    pub fn lazy(
+        len: usize,
+        source: impl FnOnce() -> Result<Bytes, ServerError> + Send + 'static,
+    ) -> Self {
+        Self::deferred(len, BytesKind::Lazy, Box::new(source))
+    }
+
+    /// `len` bytes of the file at `path` starting at `offset`, read on first access.
+    pub fn from_file(path: impl Into<PathBuf>, offset: u64, len: usize) -> Self {
+        let path = path.into();
+        let source = move || read_file_range(&path, offset, len);
+        Self::deferred(len, BytesKind::File, Box::new(source))
+    }
+
+    fn deferred(len: usize, kind: BytesKind, source: LazySource) -> Self {
+        Self {
+            repr: Repr::Deferred(Box::new(Deferred {
+                len,
+                kind,
+                source: spin::Mutex::new(Some(source)),
+                value: OnceLock::new(),
+            })),
+        }
+    }
+
+    /// Number of bytes. Does not trigger a deferred read.
+    #[allow(clippy::len_without_is_empty)]
+    pub fn len(&self) -> usize {
+        match &self.repr {
+            Repr::Owned(buf) => buf.len,
+            Repr::Host(buf) => buf.as_bytes().len(),
+            Repr::Deferred(d) => d.len,
+        }
+    }
+
+    /// Where the bytes live (for a deferred `Bytes`, what it was created as).
+    pub fn kind(&self) -> BytesKind {
+        match &self.repr {
+            Repr::Owned(_) => BytesKind::Owned,
+            Repr::Host(buf) if buf.is_pinned() => BytesKind::Pinned,
+            Repr::Host(_) => BytesKind::Owned,
+            Repr::Deferred(d) => d.kind,
+        }
+    }
+
+    /// Whether the bytes are in host memory now (false for a lazy or file `Bytes` not yet read).
+    pub fn is_materialized(&self) -> bool {
+        match &self.repr {
+            Repr::Deferred(d) => d.value.get().is_some(),
+            _ => true,
+        }
+    }
+
+    /// The bytes, performing a deferred read if needed; its error is returned, not raised.
+    pub fn try_as_slice(&self) -> Result<&[u8], ServerError> {
+        match &self.repr {
+            Repr::Owned(buf) => Ok(buf.as_slice()),
+            Repr::Host(buf) => Ok(buf.as_bytes()),
+            Repr::Deferred(d) => match d.force() {
+                Ok(bytes) => bytes.try_as_slice(),
+                Err(e) => Err(e.clone()),
+            },
+        }
+    }
+
+    /// Perform a deferred read now (a no-op for bytes already in memory).
+    pub fn materialize(&mut self) -> Result<(), ServerError> {
+        if let Repr::Deferred(d) = &mut self.repr {
+            d.force();
+            let value = d.value.take();
+            let value = value.unwrap_or_else(|| unreachable!("forced just above"));
+            *self = *value?;
+        }
+        Ok(())
+    }
+
+    /// Move the bytes into memory produced by `alloc` (pinned staging memory, say), copying them.
+    pub fn move_into(
+        &mut self,
+        alloc: impl FnOnce(usize) -> Option<Box<dyn HostBuffer>>,
+    ) -> Result<bool, ServerError> {
+        let src = self.try_as_slice()?;
+        let Some(mut dst) = alloc(src.len()) else {
+            return Ok(false);
+        };
+        dst.as_bytes_mut().copy_from_slice(src);
+        *self = Bytes::from_host_buffer(dst);
+        Ok(true)
+    }
+
+    /// A copy of the bytes as a vector.
+    pub fn to_vec(&self) -> Vec<u8> {
+        self.as_ref().to_vec()
+    }
+
+    /// A copy of the bytes as a vector of elements; the length must be a multiple of the size.
+    pub fn to_elems<E: Elem>(&self) -> Vec<E> {
+        bytemuck::pod_collect_to_vec(self.as_ref())
+    }
+
+    /// The bytes viewed as elements, if aligned and of a fitting length.
+    pub fn as_elems<E: Elem>(&self) -> Option<&[E]> {
+        bytemuck::try_cast_slice(self.as_ref()).ok()
+    }
+}
+
+fn read_file_range(path: &std::path::Path, offset: u64, len: usize) -> Result<Bytes, ServerError> {
+    use std::io::{Read, Seek, SeekFrom};
+    let io_err = |e: std::io::Error| {
+        ServerError::InvalidArgument(format!("reading {} bytes of {}: {e}", len, path.display()))
+    };
+    let mut file = std::fs::File::open(path).map_err(io_err)?;
+    file.seek(SeekFrom::Start(offset)).map_err(io_err)?;
+    let mut buf = AlignedBuf::zeroed(len);
+    file.read_exact(buf.as_mut_slice()).map_err(io_err)?;
+    Ok(Bytes::from_aligned(buf))
+}
+
+impl core::ops::Deref for Bytes {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        match self.try_as_slice() {
+            Ok(slice) => slice,
+            Err(e) => panic!("deferred read of {} bytes failed: {e}", self.len()),
+        }
+    }
+}
+
+impl core::ops::DerefMut for Bytes {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        if let Err(e) = self.materialize() {
+            panic!("deferred read failed: {e}");
+        }
+        match &mut self.repr {
+            Repr::Owned(buf) => buf.as_mut_slice(),
+            Repr::Host(buf) => buf.as_bytes_mut(),
+            Repr::Deferred(_) => unreachable!("materialized just above"),
+        }
+    }
+}
+
+impl AsRef<[u8]> for Bytes {
+    fn as_ref(&self) -> &[u8] {
+        self
+    }
+}
+
+impl From<Vec<u8>> for Bytes {
+    fn from(value: Vec<u8>) -> Self {
+        Bytes::from_vec(value)
+    }
+}
+
+impl From<&[u8]> for Bytes {
+    fn from(value: &[u8]) -> Self {
+        Bytes::from_slice(value)
+    }
+}
+
+impl core::fmt::Debug for Bytes {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("Bytes")
+            .field("len", &self.len())
+            .field("kind", &self.kind())
+            .field("materialized", &self.is_materialized())
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    #[test]
+    fn owned_bytes_are_aligned_and_exact() {
+        let b = Bytes::from_slice(&[1, 2, 3, 4, 5]);
+        assert_eq!(&*b, &[1, 2, 3, 4, 5]);
+        assert_eq!(b.as_ptr() as usize % HOST_ALIGNMENT, 0);
+        assert_eq!(b.kind(), BytesKind::Owned);
+    }
+
+    #[test]
+    fn elems_round_trip_without_copy() {
+        let b = Bytes::from_elems(vec![1.5f32, -2.0, 3.25]);
+        assert_eq!(b.len(), 12);
+        assert_eq!(b.as_elems::<f32>().unwrap(), &[1.5, -2.0, 3.25]);
+        assert_eq!(b.to_elems::<f32>(), vec![1.5, -2.0, 3.25]);
+    }
+
+    #[test]
+    fn lazy_runs_once_on_first_access() {
+        let calls = Arc::new(AtomicUsize::new(0));
+        let c = calls.clone();
+        let b = Bytes::lazy(3, move || {
+            c.fetch_add(1, Ordering::SeqCst);
+            Ok(Bytes::from_slice(&[7, 8, 9]))
+        });
+        assert_eq!(b.len(), 3);
+        assert!(!b.is_materialized());
+        assert_eq!(calls.load(Ordering::SeqCst), 0);
+        assert_eq!(&*b, &[7, 8, 9]);
+        assert_eq!(&*b, &[7, 8, 9]);
+        assert_eq!(calls.load(Ordering::SeqCst), 1);
+    }
+
+    #[test]
+    fn lazy_error_is_returned_by_try() {
+        let b = Bytes::lazy(2, || Err(ServerError::Driver("gone".into())));
+        assert_eq!(b.try_as_slice(), Err(ServerError::Driver("gone".into())));
+        let wrong = Bytes::lazy(4, || Ok(Bytes::from_slice(&[1])));
+        assert!(matches!(wrong.try_as_slice(), Err(ServerError::Driver(_))));
+    }
+
+    #[test]
+    fn file_bytes_read_the_range() {
+        let path = std::env::temp_dir().join(format!("compute-bytes-{}", std::process::id()));
+        std::fs::write(&path, [0u8, 1, 2, 3, 4, 5, 6, 7]).unwrap();
+        let mut b = Bytes::from_file(&path, 2, 4);
+        assert_eq!(b.kind(), BytesKind::File);
+        b.materialize().unwrap();
+        assert_eq!(b.kind(), BytesKind::Owned);
+        assert_eq!(&*b, &[2, 3, 4, 5]);
+        let missing = Bytes::from_file(path.join("nope"), 0, 1);
+        assert!(matches!(missing.try_as_slice(), Err(ServerError::InvalidArgument(_))));
+        std::fs::remove_file(path).unwrap();
+    }
+
+    #[test]
+    fn deref_mut_materializes() {
+        let mut b = Bytes::lazy(2, || Ok(Bytes::from_slice(&[1, 2])));
+        b[0] = 9;
+        assert_eq!(&*b, &[9, 2]);
+    }
+}

@@ -1,0 +1,1 @@
+//! Builder validation, hashing and serialisation tests.

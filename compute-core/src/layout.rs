@@ -1,0 +1,261 @@
+//! Tensor shapes, strides and the layouts the runtime chooses for them.
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::ServerError;
+use crate::handle::{CopyDescriptor, Handle};
+
+macro_rules! dims_newtype {
+    ($(#[$doc:meta])* $name:ident) => {
+        $(#[$doc])*
+        #[derive(Debug, Clone, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+        pub struct $name(pub Vec<usize>);
+
+        impl $name {
+            /// Number of dimensions.
+            pub fn rank(&self) -> usize {
+                self.0.len()
+            }
+        }
+
+        impl core::ops::Deref for $name {
+            type Target = [usize];
+            fn deref(&self) -> &[usize] {
+                &self.0
+            }
+        }
+
+        impl From<Vec<usize>> for $name {
+            fn from(value: Vec<usize>) -> Self {
+                Self(value)
+            }
+        }
+
+        impl From<&[usize]> for $name {
+            fn from(value: &[usize]) -> Self {
+                Self(value.to_vec())
+            }
+        }
+
+        impl<const N: usize> From<[usize; N]> for $name {
+            fn from(value: [usize; N]) -> Self {
+                Self(value.to_vec())
+            }
+        }
+    };
+}
+
+dims_newtype!(
+    /// The extent of each dimension of a tensor, outermost first.
+    Shape
+);
+dims_newtype!(
+    /// The distance, in elements, between neighbours along each dimension.
+    Strides
+);
+
+impl Shape {
+    /// Number of elements.
+    pub fn num_elements(&self) -> usize {
+        self.0.iter().product()
+    }
+}
+
+/// How the runtime may lay a tensor out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum MemoryLayoutPolicy {
+    /// Row-major, no padding.
+    Contiguous,
+    /// Whatever the backend reads fastest: contiguous, or pitched (rows padded to an alignment).
+    Optimized,
+}
+
+/// A tensor the caller wants allocated.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct MemoryLayoutDescriptor {
+    /// Layout policy.
+    pub policy: MemoryLayoutPolicy,
+    /// The tensor's shape.
+    pub shape: Shape,
+    /// Size of one element in bytes.
+    pub elem_size: usize,
+}
+
+impl MemoryLayoutDescriptor {
+    /// A descriptor with an explicit policy.
+    pub fn new(policy: MemoryLayoutPolicy, shape: impl Into<Shape>, elem_size: usize) -> Self {
+        Self {
+            policy,
+            shape: shape.into(),
+            elem_size,
+        }
+    }
+
+    /// A row-major tensor without padding.
+    pub fn contiguous(shape: impl Into<Shape>, elem_size: usize) -> Self {
+        Self::new(MemoryLayoutPolicy::Contiguous, shape, elem_size)
+    }
+
+    /// A tensor laid out as the backend prefers.
+    pub fn optimized(shape: impl Into<Shape>, elem_size: usize) -> Self {
+        Self::new(MemoryLayoutPolicy::Optimized, shape, elem_size)
+    }
+
+    /// Size in bytes of the data without padding.
+    pub fn compact_size(&self) -> usize {
+        self.shape.num_elements() * self.elem_size
+    }
+}
+
+/// A tensor allocated by the runtime: its memory and the strides the runtime chose.
+#[derive(Debug, Clone)]
+pub struct MemoryLayout {
+    /// The memory.
+    pub memory: Handle,
+    /// The shape it was created with.
+    pub shape: Shape,
+    /// Strides in elements; the last one is 1, others may include row padding.
+    pub strides: Strides,
+    /// Size of one element in bytes.
+    pub elem_size: usize,
+}
+
+impl MemoryLayout {
+    /// A descriptor to read or write the whole tensor.
+    pub fn copy_descriptor(&self) -> CopyDescriptor {
+        CopyDescriptor::new(
+            self.memory.clone().binding(),
+            self.shape.clone(),
+            self.strides.clone(),
+            self.elem_size,
+        )
+    }
+
+    /// Whether the tensor is row-major without padding.
+    pub fn is_contiguous(&self) -> bool {
+        self.strides == contiguous_strides(&self.shape)
+    }
+}
+
+/// Row-major strides without padding.
+pub fn contiguous_strides(shape: &[usize]) -> Strides {
+    let mut strides = vec![1; shape.len()];
+    for i in (0..shape.len().saturating_sub(1)).rev() {
+        strides[i] = strides[i + 1] * shape[i + 1].max(1);
+    }
+    Strides(strides)
+}
+
+/// Row-major strides whose rows (the last dimension) are padded to `row_alignment` bytes.
+///
+/// Tensors of rank < 2, or whose element size does not divide the alignment, stay contiguous.
+pub fn pitched_strides(shape: &[usize], elem_size: usize, row_alignment: usize) -> Strides {
+    let rank = shape.len();
+    if rank < 2 || elem_size == 0 || row_alignment % elem_size != 0 {
+        return contiguous_strides(shape);
+    }
+    let align_elems = row_alignment / elem_size;
+    let row = shape[rank - 1].div_ceil(align_elems) * align_elems;
+    let mut strides = vec![1; rank];
+    strides[rank - 2] = row.max(1);
+    for i in (0..rank - 2).rev() {
+        strides[i] = strides[i + 1] * shape[i + 1].max(1);
+    }
+    Strides(strides)
+}
+
+/// Bytes a row-major tensor with these strides occupies, padding of every row included.
+pub fn allocation_size(shape: &[usize], strides: &[usize], elem_size: usize) -> usize {
+    if shape.contains(&0) {
+        return 0;
+    }
+    match shape.first() {
+        None => elem_size,
+        Some(&outer) => outer * strides[0].max(1) * elem_size,
+    }
+}
+
+/// Check that `strides` describe a row-major layout with unit last stride, as the runtime creates.
+pub fn check_row_major(shape: &[usize], strides: &[usize]) -> Result<(), ServerError> {
+    if shape.len() != strides.len() {
+        return Err(ServerError::InvalidArgument(format!(
+            "shape {shape:?} and strides {strides:?} have different ranks"
+        )));
+    }
+    let Some(&last) = strides.last() else {
+        return Ok(());
+    };
+    let mut ok = last == 1 || shape[shape.len() - 1] <= 1;
+    for i in 0..shape.len().saturating_sub(1) {
+        ok &= strides[i] >= strides[i + 1] * shape[i + 1];
+    }
+    if ok {
+        Ok(())
+    } else {
+        Err(ServerError::InvalidArgument(format!(
+            "strides {strides:?} of shape {shape:?} are not row-major with a unit last stride"
+        )))
+    }
+}
+
+/// Visit every row (last dimension) of a row-major tensor: `f(byte offset in the strided buffer,
+/// byte offset in the compact buffer, row length in bytes)`.
+pub fn for_each_row(
+    shape: &[usize],
+    strides: &[usize],
+    elem_size: usize,
+    mut f: impl FnMut(usize, usize, usize),
+) {
+    if shape.contains(&0) {
+        return;
+    }
+    let rank = shape.len();
+    if rank == 0 {
+        f(0, 0, elem_size);
+        return;
+    }
+    let row_bytes = shape[rank - 1] * elem_size;
+    let rows: usize = shape[..rank - 1].iter().product();
+    let mut index = vec![0usize; rank - 1];
+    for row in 0..rows {
+        let offset: usize = index.iter().zip(strides).map(|(i, s)| i * s).sum();
+        f(offset * elem_size, row * row_bytes, row_bytes);
+        for d in (0..rank - 1).rev() {
+            index[d] += 1;
+            if index[d] < shape[d] {
+                break;
+            }
+            index[d] = 0;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn contiguous_and_pitched() {
+        assert_eq!(contiguous_strides(&[2, 3, 4]).0, vec![12, 4, 1]);
+        assert_eq!(pitched_strides(&[3, 5], 4, 32).0, vec![8, 1]);
+        assert_eq!(pitched_strides(&[2, 3, 5], 4, 32).0, vec![24, 8, 1]);
+        assert_eq!(pitched_strides(&[7], 4, 32).0, vec![1]);
+        assert_eq!(allocation_size(&[3, 5], &[8, 1], 4), 96);
+        assert_eq!(allocation_size(&[0, 5], &[8, 1], 4), 0);
+        assert_eq!(allocation_size(&[], &[], 4), 4);
+    }
+
+    #[test]
+    fn rows_visit_padded_offsets() {
+        let mut rows = Vec::new();
+        for_each_row(&[2, 2, 3], &[8, 4, 1], 2, |s, c, n| rows.push((s, c, n)));
+        assert_eq!(rows, vec![(0, 0, 6), (8, 6, 6), (16, 12, 6), (24, 18, 6)]);
+    }
+
+    #[test]
+    fn row_major_check() {
+        assert!(check_row_major(&[3, 5], &[8, 1]).is_ok());
+        assert!(check_row_major(&[3, 5], &[1, 3]).is_err());
+        assert!(check_row_major(&[3, 5], &[5]).is_err());
+    }
+}

@@ -1,0 +1,163 @@
+//! [`ComputeServer`]: everything a client asks of a backend.
+//!
+//! A server is owned by one device and reached by every client of that device through a lock held
+//! for the duration of one call. Calls that enqueue work (`create`, `write`, `launch`) return as
+//! soon as the work is queued; calls that wait (`read`, `sync`, `profile_end`) return futures that
+//! the client awaits *after* releasing the lock.
+
+use crate::bytes::Bytes;
+use crate::collective::ReduceOperation;
+use crate::device::DeviceId;
+use crate::elem::ElemType;
+use crate::error::{ProfileError, ServerError};
+use crate::future::DynFut;
+use crate::graph::GraphId;
+use crate::handle::{Binding, CopyDescriptor, CubeCount, ExecutionMode, HandleOwner, KernelArguments};
+use crate::kernel::KernelDefinition;
+use crate::layout::{MemoryLayout, MemoryLayoutDescriptor};
+use crate::memory::{MemoryAllocationMode, MemoryPoolsConfig, MemoryUsage, PoolConfigError};
+use crate::profile::{ProfileDuration, ProfileToken};
+use crate::properties::DeviceProperties;
+use crate::storage::ComputeStorage;
+use crate::stream::StreamId;
+
+/// A backend's server for one device.
+///
+/// Every method takes the stream the caller works on. Each contract below is what the conformance
+/// suite checks; a backend that cannot honour one returns [`ServerError::Unsupported`].
+pub trait ComputeServer: Send + Sized + 'static {
+    /// The backend's kernel type; every backend accepts the portable kernel.
+    type Kernel: From<KernelDefinition> + Send + 'static;
+    /// The raw allocator.
+    type Storage: ComputeStorage;
+    /// Backend information returned by `ComputeClient::info`.
+    type Info: core::fmt::Debug + Clone + Send + Sync + 'static;
+
+    /// Backend information.
+    fn info(&self) -> Self::Info;
+
+    /// Device properties, read once when the client is created.
+    fn properties(&self) -> DeviceProperties;
+
+    /// Who owns the handles this server creates (its device and instance id).
+    fn owner(&self) -> HandleOwner;
+
+    /// Allocate one tensor per descriptor. With several descriptors, all are packed into one
+    /// allocation. Returns the handles and the strides chosen (`Contiguous` descriptors always get
+    /// row-major strides without padding). Never blocks on the device.
+    fn create(
+        &mut self,
+        descriptors: &[MemoryLayoutDescriptor],
+        stream: StreamId,
+    ) -> Result<Vec<MemoryLayout>, ServerError>;
+
+    /// Enqueue host-to-device copies. `data` is compact (no padding); the descriptor's strides say
+    /// where each row lands. Later work on `stream` sees the data.
+    fn write(&mut self, writes: Vec<(CopyDescriptor, Bytes)>, stream: StreamId)
+    -> Result<(), ServerError>;
+
+    /// Enqueue device-to-host copies, ordered after the work already on `stream` (and after the
+    /// last use of each buffer on any other stream). Each result is compact (padding removed).
+    fn read(
+        &mut self,
+        descriptors: Vec<CopyDescriptor>,
+        stream: StreamId,
+    ) -> DynFut<Result<Vec<Bytes>, ServerError>>;
+
+    /// The storage resource behind a binding, once the work on `stream` that uses it has finished.
+    fn get_resource(
+        &mut self,
+        binding: Binding,
+        stream: StreamId,
+    ) -> Result<<Self::Storage as ComputeStorage>::Resource, ServerError>;
+
+    /// Enqueue a kernel.
+    ///
+    /// # Safety
+    /// With [`ExecutionMode::Unchecked`] the caller guarantees the kernel makes no out-of-bounds
+    /// access and terminates.
+    unsafe fn launch(
+        &mut self,
+        kernel: Self::Kernel,
+        count: CubeCount,
+        arguments: KernelArguments,
+        mode: ExecutionMode,
+        stream: StreamId,
+    ) -> Result<(), ServerError>;
+
+    /// Submit everything queued on `stream` and report errors found so far.
+    fn flush(&mut self, stream: StreamId) -> Result<(), ServerError>;
+
+    /// A future that completes when everything submitted to `stream` so far has run.
+    fn sync(&mut self, stream: StreamId) -> DynFut<Result<(), ServerError>>;
+
+    /// Every stream this server has state for.
+    fn stream_ids(&self) -> Vec<StreamId>;
+
+    /// Memory usage of one stream's pools.
+    fn memory_usage(&mut self, stream: StreamId) -> Result<MemoryUsage, ServerError>;
+
+    /// Release free pages of `stream`'s pools.
+    fn memory_cleanup(&mut self, stream: StreamId);
+
+    /// Switch `stream`'s allocation mode.
+    fn allocation_mode(&mut self, mode: MemoryAllocationMode, stream: StreamId);
+
+    /// Install a pool layout (see `ComputeClient::configure_memory_pools`).
+    fn configure_memory_pools(
+        &mut self,
+        config: &MemoryPoolsConfig,
+        stream: StreamId,
+    ) -> Result<bool, PoolConfigError>;
+
+    /// Move `bytes` to memory the device copies from fastest (pinned memory), or at least read
+    /// deferred (file-backed, lazy) bytes now. With `file_only`, only file-backed bytes move.
+    fn staging(&mut self, bytes: &mut [&mut Bytes], file_only: bool) -> Result<(), ServerError>;
+
+    /// Prepare `stream` for capture: warm-up allocations go to the persistent pool.
+    fn graph_prepare(&mut self, stream: StreamId) -> Result<(), ServerError>;
+
+    /// Start recording launches on `stream` instead of running them.
+    fn begin_capture(&mut self, stream: StreamId) -> Result<(), ServerError>;
+
+    /// Stop recording and keep the graph.
+    fn end_capture(&mut self, stream: StreamId) -> Result<GraphId, ServerError>;
+
+    /// Enqueue one replay of a captured graph on `stream`.
+    fn graph_replay(&mut self, graph: GraphId, stream: StreamId) -> Result<(), ServerError>;
+
+    /// Forget a graph; its resources are freed once its replays have run.
+    fn graph_release(&mut self, graph: GraphId);
+
+    /// Mark the start of a profile on `stream` (after the work already queued).
+    fn profile_start(&mut self, stream: StreamId) -> Result<ProfileToken, ProfileError>;
+
+    /// A future of the time between `token` and the end of the work queued on `stream` since.
+    fn profile_end(
+        &mut self,
+        token: ProfileToken,
+        stream: StreamId,
+    ) -> DynFut<Result<ProfileDuration, ProfileError>>;
+
+    /// Set up communication between `devices` (this server's device among them).
+    fn ensure_init_collective(
+        &mut self,
+        devices: &[DeviceId],
+        stream: StreamId,
+    ) -> Result<(), ServerError>;
+
+    /// Enqueue this device's part of an all-reduce over `devices` on the communication stream,
+    /// ordered after the work on `stream` that produced `src`.
+    fn all_reduce(
+        &mut self,
+        src: Binding,
+        dst: Binding,
+        dtype: ElemType,
+        devices: Vec<DeviceId>,
+        op: ReduceOperation,
+        stream: StreamId,
+    ) -> Result<(), ServerError>;
+
+    /// A future that completes when this device's collectives issued so far have finished.
+    fn sync_collective(&mut self, stream: StreamId) -> DynFut<Result<(), ServerError>>;
+}

@@ -1,0 +1,680 @@
+//! Per-type lane kernels: each is a tight loop over the components of whole registers, chosen once
+//! at compile time as a function pointer, so execution never matches on types per element.
+//!
+//! Registers are `[u64]` slabs viewed as slices of the element type (bools are `u8` 0/1). Values
+//! are laid out unit-major: component `c` of unit `l` of a width-`w` value is at `l * w + c`.
+
+use bytemuck::Pod;
+use compute_core::elem::ElemType;
+use compute_core::kernel::{BinaryOp, CmpOp, UnaryOp};
+use half::{bf16, f16};
+
+/// `out = f(x)` over `n` components.
+pub(crate) type UnFn = fn(&[u64], &mut [u64], usize);
+/// `out = f(a, b)` over `n` components.
+pub(crate) type BinFn = fn(&[u64], &[u64], &mut [u64], usize);
+/// `out = f(a, b, c)` over `n` components.
+pub(crate) type TerFn = fn(&[u64], &[u64], &[u64], &mut [u64], usize);
+
+#[inline(always)]
+pub(crate) fn view<T: Pod>(r: &[u64], n: usize) -> &[T] {
+    &bytemuck::cast_slice(r)[..n]
+}
+
+#[inline(always)]
+pub(crate) fn view_mut<T: Pod>(r: &mut [u64], n: usize) -> &mut [T] {
+    &mut bytemuck::cast_slice_mut(r)[..n]
+}
+
+/// Arithmetic every numeric element type has. Integers wrap; see `compute_core::kernel::ir`.
+pub(crate) trait Num: Pod + PartialOrd + Send + Sync {
+    fn add(self, o: Self) -> Self;
+    fn sub(self, o: Self) -> Self;
+    fn mul(self, o: Self) -> Self;
+    fn div(self, o: Self) -> Self;
+    fn rem(self, o: Self) -> Self;
+    fn min_(self, o: Self) -> Self;
+    fn max_(self, o: Self) -> Self;
+    fn neg(self) -> Self;
+    fn abs_(self) -> Self;
+    fn one() -> Self;
+}
+
+/// Bit operations of integers.
+pub(crate) trait Int: Num {
+    fn and(self, o: Self) -> Self;
+    fn or(self, o: Self) -> Self;
+    fn xor(self, o: Self) -> Self;
+    fn not(self) -> Self;
+    fn shl(self, o: Self) -> Self;
+    fn shr(self, o: Self) -> Self;
+}
+
+/// Math functions of floats.
+pub(crate) trait Float: Num {
+    fn fma(self, b: Self, c: Self) -> Self;
+    fn math(self, op: MathOp) -> Self;
+    fn pow(self, o: Self) -> Self;
+}
+
+/// The float unary functions, as a const-foldable selector.
+#[derive(Clone, Copy)]
+pub(crate) enum MathOp {
+    Sqrt,
+    Rsqrt,
+    Exp,
+    Log,
+    Log1p,
+    Sin,
+    Cos,
+    Tanh,
+    Erf,
+    Floor,
+    Ceil,
+    Round,
+    Recip,
+}
+
+macro_rules! int_num {
+    ($($t:ty),*) => {$(
+        impl Num for $t {
+            #[inline(always)] fn add(self, o: Self) -> Self { self.wrapping_add(o) }
+            #[inline(always)] fn sub(self, o: Self) -> Self { self.wrapping_sub(o) }
+            #[inline(always)] fn mul(self, o: Self) -> Self { self.wrapping_mul(o) }
+            #[inline(always)] fn div(self, o: Self) -> Self { if o == 0 { self } else { self.wrapping_div(o) } }
+            #[inline(always)] fn rem(self, o: Self) -> Self { if o == 0 { 0 } else { self.wrapping_rem(o) } }
+            #[inline(always)] fn min_(self, o: Self) -> Self { Ord::min(self, o) }
+            #[inline(always)] fn max_(self, o: Self) -> Self { Ord::max(self, o) }
+            #[inline(always)] fn neg(self) -> Self { self.wrapping_neg() }
+            #[allow(unused_comparisons)]
+            #[inline(always)] fn abs_(self) -> Self { if self < 0 { self.wrapping_neg() } else { self } }
+            #[inline(always)] fn one() -> Self { 1 }
+        }
+        impl Int for $t {
+            #[inline(always)] fn and(self, o: Self) -> Self { self & o }
+            #[inline(always)] fn or(self, o: Self) -> Self { self | o }
+            #[inline(always)] fn xor(self, o: Self) -> Self { self ^ o }
+            #[inline(always)] fn not(self) -> Self { !self }
+            #[inline(always)] fn shl(self, o: Self) -> Self { self.wrapping_shl(o as u32) }
+            #[inline(always)] fn shr(self, o: Self) -> Self { self.wrapping_shr(o as u32) }
+        }
+    )*};
+}
+
+int_num!(i8, i16, i32, i64, u8, u16, u32, u64);
+
+macro_rules! float_num {
+    ($($t:ty),*) => {$(
+        impl Num for $t {
+            #[inline(always)] fn add(self, o: Self) -> Self { self + o }
+            #[inline(always)] fn sub(self, o: Self) -> Self { self - o }
+            #[inline(always)] fn mul(self, o: Self) -> Self { self * o }
+            #[inline(always)] fn div(self, o: Self) -> Self { self / o }
+            #[inline(always)] fn rem(self, o: Self) -> Self { self % o }
+            #[inline(always)] fn min_(self, o: Self) -> Self { self.min(o) }
+            #[inline(always)] fn max_(self, o: Self) -> Self { self.max(o) }
+            #[inline(always)] fn neg(self) -> Self { -self }
+            #[inline(always)] fn abs_(self) -> Self { self.abs() }
+            #[inline(always)] fn one() -> Self { 1.0 }
+        }
+        impl Float for $t {
+            #[inline(always)] fn fma(self, b: Self, c: Self) -> Self { self.mul_add(b, c) }
+            #[inline(always)] fn pow(self, o: Self) -> Self { self.powf(o) }
+            #[inline(always)]
+            fn math(self, op: MathOp) -> Self {
+                match op {
+                    MathOp::Sqrt => self.sqrt(),
+                    MathOp::Rsqrt => 1.0 / self.sqrt(),
+                    MathOp::Exp => self.exp(),
+                    MathOp::Log => self.ln(),
+                    MathOp::Log1p => self.ln_1p(),
+                    MathOp::Sin => self.sin(),
+                    MathOp::Cos => self.cos(),
+                    MathOp::Tanh => self.tanh(),
+                    MathOp::Erf => erf(self as f64) as $t,
+                    MathOp::Floor => self.floor(),
+                    MathOp::Ceil => self.ceil(),
+                    MathOp::Round => self.round_ties_even(),
+                    MathOp::Recip => 1.0 / self,
+                }
+            }
+        }
+    )*};
+}
+
+float_num!(f32, f64);
+
+macro_rules! half_num {
+    ($($t:ty),*) => {$(
+        impl Num for $t {
+            #[inline(always)] fn add(self, o: Self) -> Self { <$t>::from_f32(self.to_f32() + o.to_f32()) }
+            #[inline(always)] fn sub(self, o: Self) -> Self { <$t>::from_f32(self.to_f32() - o.to_f32()) }
+            #[inline(always)] fn mul(self, o: Self) -> Self { <$t>::from_f32(self.to_f32() * o.to_f32()) }
+            #[inline(always)] fn div(self, o: Self) -> Self { <$t>::from_f32(self.to_f32() / o.to_f32()) }
+            #[inline(always)] fn rem(self, o: Self) -> Self { <$t>::from_f32(self.to_f32() % o.to_f32()) }
+            #[inline(always)] fn min_(self, o: Self) -> Self { <$t>::from_f32(self.to_f32().min(o.to_f32())) }
+            #[inline(always)] fn max_(self, o: Self) -> Self { <$t>::from_f32(self.to_f32().max(o.to_f32())) }
+            #[inline(always)] fn neg(self) -> Self { -self }
+            #[inline(always)] fn abs_(self) -> Self { <$t>::from_f32(self.to_f32().abs()) }
+            #[inline(always)] fn one() -> Self { <$t>::ONE }
+        }
+        impl Float for $t {
+            #[inline(always)]
+            fn fma(self, b: Self, c: Self) -> Self {
+                // f32 holds the exact product of two halves, so this rounds once more at most.
+                <$t>::from_f32(self.to_f32().mul_add(b.to_f32(), c.to_f32()))
+            }
+            #[inline(always)] fn pow(self, o: Self) -> Self { <$t>::from_f32(self.to_f32().powf(o.to_f32())) }
+            #[inline(always)] fn math(self, op: MathOp) -> Self { <$t>::from_f32(self.to_f32().math(op)) }
+        }
+    )*};
+}
+
+half_num!(f16, bf16);
+
+/// The error function, to about 1e-13 relative error in f64.
+pub(crate) fn erf(x: f64) -> f64 {
+    let a = x.abs();
+    if a.is_nan() {
+        return x;
+    }
+    let r = if a < 2.5 {
+        // Maclaurin series: erf(x) = 2/sqrt(pi) * sum (-1)^n x^(2n+1) / (n! (2n+1)).
+        let x2 = a * a;
+        let mut term = a;
+        let mut sum = a;
+        let mut n = 0.0;
+        loop {
+            n += 1.0;
+            term *= -x2 / n;
+            let t = term / (2.0 * n + 1.0);
+            sum += t;
+            if t.abs() < 1e-17 * sum.abs() {
+                break;
+            }
+        }
+        sum * core::f64::consts::FRAC_2_SQRT_PI
+    } else if a < 6.0 {
+        // erfc by its continued fraction (modified Lentz), which converges fast for a >= 2.5.
+        let tiny = 1e-300;
+        let mut f = a;
+        let mut c = a;
+        let mut d = 0.0;
+        for k in 1..200 {
+            let an = k as f64 * 0.5;
+            d = a + an * d;
+            d = if d == 0.0 { tiny } else { 1.0 / d };
+            c = a + an / c;
+            let delta = c * d;
+            f *= delta;
+            if (delta - 1.0).abs() < 1e-16 {
+                break;
+            }
+        }
+        1.0 - (-a * a).exp() / (f * core::f64::consts::PI.sqrt())
+    } else {
+        1.0
+    };
+    if x < 0.0 { -r } else { r }
+}
+
+// ----- operation selectors -----
+
+pub(crate) trait Op2<T> {
+    fn f(a: T, b: T) -> T;
+}
+
+macro_rules! op2 {
+    ($($name:ident: $bound:ident => |$a:ident, $b:ident| $e:expr;)*) => {$(
+        pub(crate) struct $name;
+        impl<T: $bound> Op2<T> for $name {
+            #[inline(always)]
+            fn f($a: T, $b: T) -> T { $e }
+        }
+    )*};
+}
+
+op2! {
+    Add: Num => |a, b| a.add(b);
+    Sub: Num => |a, b| a.sub(b);
+    Mul: Num => |a, b| a.mul(b);
+    Div: Num => |a, b| a.div(b);
+    Rem: Num => |a, b| a.rem(b);
+    Min: Num => |a, b| a.min_(b);
+    Max: Num => |a, b| a.max_(b);
+    Pow: Float => |a, b| a.pow(b);
+    BitAnd: Int => |a, b| a.and(b);
+    BitOr: Int => |a, b| a.or(b);
+    BitXor: Int => |a, b| a.xor(b);
+    Shl: Int => |a, b| a.shl(b);
+    Shr: Int => |a, b| a.shr(b);
+}
+
+fn binary<T: Pod, O: Op2<T>>(a: &[u64], b: &[u64], out: &mut [u64], n: usize) {
+    let (a, b, out) = (view::<T>(a, n), view::<T>(b, n), view_mut::<T>(out, n));
+    for ((o, &a), &b) in out.iter_mut().zip(a).zip(b) {
+        *o = O::f(a, b);
+    }
+}
+
+fn logic_and(a: &[u64], b: &[u64], out: &mut [u64], n: usize) {
+    let (a, b, out) = (view::<u8>(a, n), view::<u8>(b, n), view_mut::<u8>(out, n));
+    for ((o, &a), &b) in out.iter_mut().zip(a).zip(b) {
+        *o = a & b;
+    }
+}
+
+fn logic_or(a: &[u64], b: &[u64], out: &mut [u64], n: usize) {
+    let (a, b, out) = (view::<u8>(a, n), view::<u8>(b, n), view_mut::<u8>(out, n));
+    for ((o, &a), &b) in out.iter_mut().zip(a).zip(b) {
+        *o = a | b;
+    }
+}
+
+macro_rules! by_num {
+    ($elem:expr, $f:ident, $op:ty, $fty:ty) => {
+        match $elem {
+            ElemType::I8 => Some($f::<i8, $op> as $fty),
+            ElemType::I16 => Some($f::<i16, $op> as $fty),
+            ElemType::I32 => Some($f::<i32, $op> as $fty),
+            ElemType::I64 => Some($f::<i64, $op> as $fty),
+            ElemType::U8 => Some($f::<u8, $op> as $fty),
+            ElemType::U16 => Some($f::<u16, $op> as $fty),
+            ElemType::U32 => Some($f::<u32, $op> as $fty),
+            ElemType::U64 => Some($f::<u64, $op> as $fty),
+            ElemType::F16 => Some($f::<f16, $op> as $fty),
+            ElemType::BF16 => Some($f::<bf16, $op> as $fty),
+            ElemType::F32 => Some($f::<f32, $op> as $fty),
+            ElemType::F64 => Some($f::<f64, $op> as $fty),
+            ElemType::Bool => None,
+        }
+    };
+}
+
+macro_rules! by_int {
+    ($elem:expr, $f:ident, $op:ty, $fty:ty) => {
+        match $elem {
+            ElemType::I8 => Some($f::<i8, $op> as $fty),
+            ElemType::I16 => Some($f::<i16, $op> as $fty),
+            ElemType::I32 => Some($f::<i32, $op> as $fty),
+            ElemType::I64 => Some($f::<i64, $op> as $fty),
+            ElemType::U8 => Some($f::<u8, $op> as $fty),
+            ElemType::U16 => Some($f::<u16, $op> as $fty),
+            ElemType::U32 => Some($f::<u32, $op> as $fty),
+            ElemType::U64 => Some($f::<u64, $op> as $fty),
+            _ => None,
+        }
+    };
+}
+
+macro_rules! by_float {
+    ($elem:expr, $f:ident, $op:ty, $fty:ty) => {
+        match $elem {
+            ElemType::F16 => Some($f::<f16, $op> as $fty),
+            ElemType::BF16 => Some($f::<bf16, $op> as $fty),
+            ElemType::F32 => Some($f::<f32, $op> as $fty),
+            ElemType::F64 => Some($f::<f64, $op> as $fty),
+            _ => None,
+        }
+    };
+}
+
+/// The kernel of a binary operation on `elem`, if the type supports it.
+pub(crate) fn binary_fn(op: BinaryOp, elem: ElemType) -> Option<BinFn> {
+    match op {
+        BinaryOp::Add => by_num!(elem, binary, Add, BinFn),
+        BinaryOp::Sub => by_num!(elem, binary, Sub, BinFn),
+        BinaryOp::Mul => by_num!(elem, binary, Mul, BinFn),
+        BinaryOp::Div => by_num!(elem, binary, Div, BinFn),
+        BinaryOp::Rem => by_num!(elem, binary, Rem, BinFn),
+        BinaryOp::Min => by_num!(elem, binary, Min, BinFn),
+        BinaryOp::Max => by_num!(elem, binary, Max, BinFn),
+        BinaryOp::Pow => by_float!(elem, binary, Pow, BinFn),
+        BinaryOp::BitAnd => by_int!(elem, binary, BitAnd, BinFn),
+        BinaryOp::BitOr => by_int!(elem, binary, BitOr, BinFn),
+        BinaryOp::BitXor => by_int!(elem, binary, BitXor, BinFn),
+        BinaryOp::Shl => by_int!(elem, binary, Shl, BinFn),
+        BinaryOp::Shr => by_int!(elem, binary, Shr, BinFn),
+        BinaryOp::And => (elem == ElemType::Bool).then_some(logic_and as BinFn),
+        BinaryOp::Or => (elem == ElemType::Bool).then_some(logic_or as BinFn),
+    }
+}
+
+// ----- unary -----
+
+pub(crate) trait Op1<T> {
+    fn f(x: T) -> T;
+}
+
+pub(crate) struct Neg;
+impl<T: Num> Op1<T> for Neg {
+    #[inline(always)]
+    fn f(x: T) -> T {
+        x.neg()
+    }
+}
+
+pub(crate) struct Abs;
+impl<T: Num> Op1<T> for Abs {
+    #[inline(always)]
+    fn f(x: T) -> T {
+        x.abs_()
+    }
+}
+
+pub(crate) struct BitNot;
+impl<T: Int> Op1<T> for BitNot {
+    #[inline(always)]
+    fn f(x: T) -> T {
+        x.not()
+    }
+}
+
+macro_rules! math_ops {
+    ($($name:ident),*) => {$(
+        pub(crate) struct $name;
+        impl<T: Float> Op1<T> for $name {
+            #[inline(always)]
+            fn f(x: T) -> T { x.math(MathOp::$name) }
+        }
+    )*};
+}
+
+math_ops!(Sqrt, Rsqrt, Exp, Log, Log1p, Sin, Cos, Tanh, Erf, Floor, Ceil, Round, Recip);
+
+fn unary<T: Pod, O: Op1<T>>(x: &[u64], out: &mut [u64], n: usize) {
+    let (x, out) = (view::<T>(x, n), view_mut::<T>(out, n));
+    for (o, &x) in out.iter_mut().zip(x) {
+        *o = O::f(x);
+    }
+}
+
+fn logic_not(x: &[u64], out: &mut [u64], n: usize) {
+    let (x, out) = (view::<u8>(x, n), view_mut::<u8>(out, n));
+    for (o, &x) in out.iter_mut().zip(x) {
+        *o = x ^ 1;
+    }
+}
+
+/// The kernel of a unary operation on `elem`, if the type supports it.
+pub(crate) fn unary_fn(op: UnaryOp, elem: ElemType) -> Option<UnFn> {
+    match op {
+        UnaryOp::Neg if elem.is_unsigned_int() => None,
+        UnaryOp::Neg => by_num!(elem, unary, Neg, UnFn),
+        UnaryOp::Abs if elem.is_unsigned_int() => None,
+        UnaryOp::Abs => by_num!(elem, unary, Abs, UnFn),
+        UnaryOp::Not => (elem == ElemType::Bool).then_some(logic_not as UnFn),
+        UnaryOp::BitNot => by_int!(elem, unary, BitNot, UnFn),
+        UnaryOp::Sqrt => by_float!(elem, unary, Sqrt, UnFn),
+        UnaryOp::Rsqrt => by_float!(elem, unary, Rsqrt, UnFn),
+        UnaryOp::Exp => by_float!(elem, unary, Exp, UnFn),
+        UnaryOp::Log => by_float!(elem, unary, Log, UnFn),
+        UnaryOp::Log1p => by_float!(elem, unary, Log1p, UnFn),
+        UnaryOp::Sin => by_float!(elem, unary, Sin, UnFn),
+        UnaryOp::Cos => by_float!(elem, unary, Cos, UnFn),
+        UnaryOp::Tanh => by_float!(elem, unary, Tanh, UnFn),
+        UnaryOp::Erf => by_float!(elem, unary, Erf, UnFn),
+        UnaryOp::Floor => by_float!(elem, unary, Floor, UnFn),
+        UnaryOp::Ceil => by_float!(elem, unary, Ceil, UnFn),
+        UnaryOp::Round => by_float!(elem, unary, Round, UnFn),
+        UnaryOp::Recip => by_float!(elem, unary, Recip, UnFn),
+    }
+}
+
+// ----- ternary -----
+
+pub(crate) struct Fma;
+pub(crate) struct Clamp;
+
+pub(crate) trait Op3<T> {
+    fn f(a: T, b: T, c: T) -> T;
+}
+
+impl<T: Float> Op3<T> for Fma {
+    #[inline(always)]
+    fn f(a: T, b: T, c: T) -> T {
+        a.fma(b, c)
+    }
+}
+
+impl<T: Num> Op3<T> for Clamp {
+    #[inline(always)]
+    fn f(x: T, lo: T, hi: T) -> T {
+        x.max_(lo).min_(hi)
+    }
+}
+
+fn ternary<T: Pod, O: Op3<T>>(a: &[u64], b: &[u64], c: &[u64], out: &mut [u64], n: usize) {
+    let (a, b, c) = (view::<T>(a, n), view::<T>(b, n), view::<T>(c, n));
+    let out = view_mut::<T>(out, n);
+    for (((o, &a), &b), &c) in out.iter_mut().zip(a).zip(b).zip(c) {
+        *o = O::f(a, b, c);
+    }
+}
+
+/// The fused multiply-add kernel of a float type.
+pub(crate) fn fma_fn(elem: ElemType) -> Option<TerFn> {
+    by_float!(elem, ternary, Fma, TerFn)
+}
+
+/// The clamp kernel of a numeric type.
+pub(crate) fn clamp_fn(elem: ElemType) -> Option<TerFn> {
+    by_num!(elem, ternary, Clamp, TerFn)
+}
+
+// ----- comparisons -----
+
+pub(crate) trait Cmp {
+    fn f<T: PartialOrd>(a: T, b: T) -> bool;
+}
+
+macro_rules! cmp_ops {
+    ($($name:ident => $op:tt),*) => {$(
+        pub(crate) struct $name;
+        impl Cmp for $name {
+            #[inline(always)]
+            fn f<T: PartialOrd>(a: T, b: T) -> bool { a $op b }
+        }
+    )*};
+}
+
+cmp_ops!(Eq => ==, Ne => !=, Lt => <, Le => <=, Gt => >, Ge => >=);
+
+fn compare<T: Pod + PartialOrd, O: Cmp>(a: &[u64], b: &[u64], out: &mut [u64], n: usize) {
+    let (a, b, out) = (view::<T>(a, n), view::<T>(b, n), view_mut::<u8>(out, n));
+    for ((o, &a), &b) in out.iter_mut().zip(a).zip(b) {
+        *o = O::f(a, b) as u8;
+    }
+}
+
+fn compare_fn_for<O: Cmp>(elem: ElemType) -> BinFn {
+    match elem {
+        ElemType::Bool | ElemType::U8 => compare::<u8, O>,
+        ElemType::I8 => compare::<i8, O>,
+        ElemType::I16 => compare::<i16, O>,
+        ElemType::I32 => compare::<i32, O>,
+        ElemType::I64 => compare::<i64, O>,
+        ElemType::U16 => compare::<u16, O>,
+        ElemType::U32 => compare::<u32, O>,
+        ElemType::U64 => compare::<u64, O>,
+        ElemType::F16 => compare::<f16, O>,
+        ElemType::BF16 => compare::<bf16, O>,
+        ElemType::F32 => compare::<f32, O>,
+        ElemType::F64 => compare::<f64, O>,
+    }
+}
+
+/// The kernel of a comparison on `elem`; the output is bool (`u8`).
+pub(crate) fn compare_fn(op: CmpOp, elem: ElemType) -> BinFn {
+    match op {
+        CmpOp::Eq => compare_fn_for::<Eq>(elem),
+        CmpOp::Ne => compare_fn_for::<Ne>(elem),
+        CmpOp::Lt => compare_fn_for::<Lt>(elem),
+        CmpOp::Le => compare_fn_for::<Le>(elem),
+        CmpOp::Gt => compare_fn_for::<Gt>(elem),
+        CmpOp::Ge => compare_fn_for::<Ge>(elem),
+    }
+}
+
+// ----- casts -----
+
+/// A value on its way between two element types.
+#[derive(Clone, Copy)]
+pub(crate) enum Wide {
+    I(i64),
+    U(u64),
+    F(f64),
+}
+
+/// How an element type converts to and from [`Wide`]; bools have their own codec over `u8`.
+pub(crate) trait Codec {
+    type S: Pod;
+    fn to_wide(s: Self::S) -> Wide;
+    fn from_wide(w: Wide) -> Self::S;
+}
+
+pub(crate) struct BoolCodec;
+
+impl Codec for BoolCodec {
+    type S = u8;
+    #[inline(always)]
+    fn to_wide(s: u8) -> Wide {
+        Wide::U((s != 0) as u64)
+    }
+    #[inline(always)]
+    fn from_wide(w: Wide) -> u8 {
+        match w {
+            Wide::I(i) => (i != 0) as u8,
+            Wide::U(u) => (u != 0) as u8,
+            Wide::F(f) => (f != 0.0) as u8,
+        }
+    }
+}
+
+macro_rules! int_codec {
+    ($($t:ty => $v:ident as $w:ty),*) => {$(
+        impl Codec for $t {
+            type S = $t;
+            #[inline(always)]
+            fn to_wide(s: $t) -> Wide { Wide::$v(s as $w) }
+            #[inline(always)]
+            fn from_wide(w: Wide) -> $t {
+                match w { Wide::I(i) => i as $t, Wide::U(u) => u as $t, Wide::F(f) => f as $t }
+            }
+        }
+    )*};
+}
+
+int_codec!(i8 => I as i64, i16 => I as i64, i32 => I as i64, i64 => I as i64,
+    u8 => U as u64, u16 => U as u64, u32 => U as u64, u64 => U as u64);
+
+macro_rules! float_codec {
+    ($($t:ty),*) => {$(
+        impl Codec for $t {
+            type S = $t;
+            #[inline(always)]
+            fn to_wide(s: $t) -> Wide { Wide::F(s as f64) }
+            #[inline(always)]
+            fn from_wide(w: Wide) -> $t {
+                match w { Wide::I(i) => i as $t, Wide::U(u) => u as $t, Wide::F(f) => f as $t }
+            }
+        }
+    )*};
+}
+
+float_codec!(f32, f64);
+
+macro_rules! half_codec {
+    ($($t:ty),*) => {$(
+        impl Codec for $t {
+            type S = $t;
+            #[inline(always)]
+            fn to_wide(s: $t) -> Wide { Wide::F(s.to_f64()) }
+            #[inline(always)]
+            fn from_wide(w: Wide) -> $t {
+                match w {
+                    Wide::I(i) => <$t>::from_f64(i as f64),
+                    Wide::U(u) => <$t>::from_f64(u as f64),
+                    Wide::F(f) => <$t>::from_f64(f),
+                }
+            }
+        }
+    )*};
+}
+
+half_codec!(f16, bf16);
+
+fn cast<A: Codec, B: Codec>(x: &[u64], out: &mut [u64], n: usize) {
+    let (x, out) = (view::<A::S>(x, n), view_mut::<B::S>(out, n));
+    for (o, &x) in out.iter_mut().zip(x) {
+        *o = B::from_wide(A::to_wide(x));
+    }
+}
+
+fn cast_from<A: Codec>(to: ElemType) -> UnFn {
+    match to {
+        ElemType::Bool => cast::<A, BoolCodec>,
+        ElemType::I8 => cast::<A, i8>,
+        ElemType::I16 => cast::<A, i16>,
+        ElemType::I32 => cast::<A, i32>,
+        ElemType::I64 => cast::<A, i64>,
+        ElemType::U8 => cast::<A, u8>,
+        ElemType::U16 => cast::<A, u16>,
+        ElemType::U32 => cast::<A, u32>,
+        ElemType::U64 => cast::<A, u64>,
+        ElemType::F16 => cast::<A, f16>,
+        ElemType::BF16 => cast::<A, bf16>,
+        ElemType::F32 => cast::<A, f32>,
+        ElemType::F64 => cast::<A, f64>,
+    }
+}
+
+/// The conversion kernel from `from` to `to`.
+pub(crate) fn cast_fn(from: ElemType, to: ElemType) -> UnFn {
+    match from {
+        ElemType::Bool => cast_from::<BoolCodec>(to),
+        ElemType::I8 => cast_from::<i8>(to),
+        ElemType::I16 => cast_from::<i16>(to),
+        ElemType::I32 => cast_from::<i32>(to),
+        ElemType::I64 => cast_from::<i64>(to),
+        ElemType::U8 => cast_from::<u8>(to),
+        ElemType::U16 => cast_from::<u16>(to),
+        ElemType::U32 => cast_from::<u32>(to),
+        ElemType::U64 => cast_from::<u64>(to),
+        ElemType::F16 => cast_from::<f16>(to),
+        ElemType::BF16 => cast_from::<bf16>(to),
+        ElemType::F32 => cast_from::<f32>(to),
+        ElemType::F64 => cast_from::<f64>(to),
+    }
+}
+
+/// Converts an integer index register to `u64` indices; negative indices become `u64::MAX`.
+pub(crate) type IndexFn = fn(&[u64], &mut [u64], usize);
+
+fn index_signed<T: Pod + Into<i64>>(x: &[u64], out: &mut [u64], n: usize) {
+    for (o, &x) in out[..n].iter_mut().zip(view::<T>(x, n)) {
+        let v: i64 = x.into();
+        *o = if v < 0 { u64::MAX } else { v as u64 };
+    }
+}
+
+fn index_unsigned<T: Pod + Into<u64>>(x: &[u64], out: &mut [u64], n: usize) {
+    for (o, &x) in out[..n].iter_mut().zip(view::<T>(x, n)) {
+        *o = x.into();
+    }
+}
+
+/// The index conversion of an integer type.
+pub(crate) fn index_fn(elem: ElemType) -> Option<IndexFn> {
+    Some(match elem {
+        ElemType::I8 => index_signed::<i8>,
+        ElemType::I16 => index_signed::<i16>,
+        ElemType::I32 => index_signed::<i32>,
+        ElemType::I64 => index_signed::<i64>,
+        ElemType::U8 => index_unsigned::<u8>,
+        ElemType::U16 => index_unsigned::<u16>,
+        ElemType::U32 => index_unsigned::<u32>,
+        ElemType::U64 => index_unsigned::<u64>,
+        _ => return None,
+    })
+}

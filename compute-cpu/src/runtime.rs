@@ -1,0 +1,88 @@
+//! The CPU [`Runtime`].
+
+use compute_core::memory::MemoryDeviceProperties;
+use compute_core::{
+    DeviceId, DeviceProperties, ElemType, Features, HardwareProperties, Runtime, ServerError,
+    TimingMethod,
+};
+
+use crate::device::{CPU_DEVICE_TYPE, CpuDevice, device_count, host_memory_bytes};
+use crate::server::CpuServer;
+
+/// Row alignment of pitched tensors on the CPU: one AVX2 vector.
+pub const CPU_PITCH_ALIGNMENT: usize = 32;
+
+/// The CPU backend: always available, with [`device_count`] logical devices.
+#[derive(Debug, Clone, Copy)]
+pub struct CpuRuntime;
+
+fn properties(device: CpuDevice) -> DeviceProperties {
+    let total = host_memory_bytes();
+    let max_page = total.unwrap_or(16 << 30);
+    DeviceProperties {
+        name: format!("cpu:{}", device.index),
+        backend: "cpu".into(),
+        memory: MemoryDeviceProperties {
+            max_page_size: max_page,
+            alignment: crate::storage::CPU_ALIGNMENT,
+        },
+        memory_total: total,
+        hardware: HardwareProperties {
+            plane_size_min: crate::exec::PLANE_SIZE,
+            plane_size_max: crate::exec::PLANE_SIZE,
+            max_units_per_cube: crate::exec::MAX_UNITS_PER_CUBE,
+            max_cube_dim: [crate::exec::MAX_UNITS_PER_CUBE; 3],
+            max_cube_count: [u32::MAX; 3],
+            max_shared_memory_bytes: crate::exec::MAX_SHARED_MEMORY_BYTES,
+            num_compute_units: rayon::current_num_threads() as u32,
+            max_load_bytes: 64,
+        },
+        features: Features {
+            elem_types: ElemType::ALL.to_vec(),
+            plane_ops: true,
+            atomics: true,
+            graphs: true,
+            device_timestamps: false,
+            collectives: true,
+        },
+        timing: TimingMethod::Host,
+        pitch_alignment: Some(CPU_PITCH_ALIGNMENT),
+    }
+}
+
+impl Runtime for CpuRuntime {
+    type Server = CpuServer;
+    type Device = CpuDevice;
+
+    fn name() -> &'static str {
+        "cpu"
+    }
+
+    fn availability() -> Result<(), String> {
+        Ok(())
+    }
+
+    fn create_server(device: &CpuDevice) -> Result<CpuServer, ServerError> {
+        let count = device_count();
+        if device.index >= count {
+            return Err(ServerError::InvalidArgument(format!(
+                "CPU device {} does not exist ({count} logical devices; set COMPUTE_CPU_DEVICES for more)",
+                device.index
+            )));
+        }
+        Ok(CpuServer::new(*device, properties(*device)))
+    }
+
+    fn enumerate_devices(type_id: u16) -> Vec<DeviceId> {
+        if type_id != CPU_DEVICE_TYPE {
+            return Vec::new();
+        }
+        (0..device_count())
+            .map(|i| DeviceId::new(CPU_DEVICE_TYPE, i))
+            .collect()
+    }
+
+    fn enumerate_all_devices() -> Vec<DeviceId> {
+        Self::enumerate_devices(CPU_DEVICE_TYPE)
+    }
+}

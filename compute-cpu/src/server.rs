@@ -1,0 +1,783 @@
+//! The CPU server: per-stream workers, pools over host storage, a plan cache, graphs and
+//! host-staged collectives.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Instant;
+
+use compute_core::collective::HostRendezvous;
+use compute_core::future::{DynFut, oneshot};
+use compute_core::graph::GraphId;
+use compute_core::handle::{BufferArgument, HandleOwner, StreamPoint};
+use compute_core::kernel::KernelId;
+use compute_core::layout::{allocation_size, contiguous_strides, for_each_row, pitched_strides};
+use compute_core::memory::{
+    MemoryAllocationMode, MemoryDeviceProperties, MemoryManagement, MemoryPoolsConfig, MemoryUsage,
+    PoolConfigError,
+};
+use compute_core::profile::ProfileToken;
+use compute_core::storage::ComputeStorage;
+use compute_core::{
+    Binding, Bytes, BytesKind, ComputeServer, CopyDescriptor, CubeCount, DeviceId,
+    DeviceProperties, ElemType, ExecutionMode, Handle, KernelArguments, MemoryLayout,
+    MemoryLayoutDescriptor, MemoryLayoutPolicy, ProfileDuration, ProfileError, ReduceOperation,
+    ServerError, StreamId, TimingMethod,
+};
+use hashbrown::HashMap;
+
+use crate::device::{CpuDevice, device_count};
+use crate::exec::{self, BufferArg, Plan};
+use crate::kernel::CpuKernel;
+use crate::storage::{CPU_ALIGNMENT, CpuResource, CpuStorage};
+use crate::worker::{Command, Progress, Worker};
+
+/// Backend information of a CPU server.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CpuInfo {
+    /// The logical device.
+    pub device: CpuDevice,
+    /// Worker threads the executor spreads cubes over.
+    pub threads: usize,
+}
+
+struct StreamState {
+    worker: Worker,
+    memory: MemoryManagement<CpuStorage>,
+    capture: Option<Vec<Arc<RecordedLaunch>>>,
+}
+
+enum CountSource {
+    Static([u32; 3]),
+    Dynamic(CpuResource),
+}
+
+struct ResolvedBuffer {
+    resource: CpuResource,
+    shape: Vec<usize>,
+    strides: Vec<usize>,
+    binding: Binding,
+}
+
+/// A launch with every argument resolved to host memory: run now, or kept in a graph.
+struct RecordedLaunch {
+    plan: Arc<Plan>,
+    count: CountSource,
+    count_binding: Option<Binding>,
+    buffers: Vec<ResolvedBuffer>,
+    scalars: Vec<compute_core::kernel::ScalarValue>,
+    checked: bool,
+}
+
+impl RecordedLaunch {
+    fn run(&self) -> Result<(), ServerError> {
+        let count = match &self.count {
+            CountSource::Static(c) => *c,
+            CountSource::Dynamic(res) => {
+                if res.len() < 12 {
+                    return Err(ServerError::InvalidArgument(format!(
+                        "a dynamic cube count needs 12 bytes (3 x u32), its buffer has {}",
+                        res.len()
+                    )));
+                }
+                let mut raw = [0u8; 12];
+                // SAFETY: the resource holds at least 12 bytes (checked) and stays alive through
+                // `count_binding`; stream order makes the bytes final.
+                unsafe { core::ptr::copy_nonoverlapping(res.ptr(), raw.as_mut_ptr(), 12) };
+                let c: [u32; 3] = bytemuck::pod_read_unaligned(&raw);
+                c
+            }
+        };
+        if count.contains(&0) {
+            return Ok(());
+        }
+        let args: Vec<BufferArg<'_>> = self
+            .buffers
+            .iter()
+            .map(|b| BufferArg {
+                ptr: b.resource.ptr(),
+                len_bytes: b.resource.len(),
+                shape: &b.shape,
+                strides: &b.strides,
+            })
+            .collect();
+        self.plan.execute(count, &args, &self.scalars, self.checked)
+    }
+
+    fn bindings(&self) -> impl Iterator<Item = &Binding> {
+        self.buffers
+            .iter()
+            .map(|b| &b.binding)
+            .chain(self.count_binding.iter())
+    }
+}
+
+struct CpuGraph {
+    stream: StreamId,
+    launches: Vec<Arc<RecordedLaunch>>,
+}
+
+/// The server of one logical CPU device.
+pub struct CpuServer {
+    device: CpuDevice,
+    owner: HandleOwner,
+    properties: DeviceProperties,
+    pool_config: MemoryPoolsConfig,
+    streams: HashMap<StreamId, StreamState>,
+    plans: HashMap<KernelId, Arc<Plan>>,
+    graphs: HashMap<GraphId, CpuGraph>,
+    profiles: HashMap<u64, Instant>,
+    next_profile: u64,
+    comm_stream: StreamId,
+    collective_groups: BTreeSet<Vec<DeviceId>>,
+    collective_rounds: HashMap<Vec<DeviceId>, u64>,
+}
+
+impl CpuServer {
+    /// A server for `device`, with `properties` describing it.
+    pub fn new(device: CpuDevice, properties: DeviceProperties) -> Self {
+        static NEXT_SERVER: core::sync::atomic::AtomicU64 = core::sync::atomic::AtomicU64::new(1);
+        let owner = HandleOwner {
+            device: compute_core::Device::to_id(&device),
+            server: NEXT_SERVER.fetch_add(1, core::sync::atomic::Ordering::Relaxed),
+        };
+        Self {
+            device,
+            owner,
+            properties,
+            pool_config: MemoryPoolsConfig::default(),
+            streams: HashMap::new(),
+            plans: HashMap::new(),
+            graphs: HashMap::new(),
+            profiles: HashMap::new(),
+            next_profile: 1,
+            comm_stream: StreamId::fresh(),
+            collective_groups: BTreeSet::new(),
+            collective_rounds: HashMap::new(),
+        }
+    }
+
+    fn memory_properties(&self) -> MemoryDeviceProperties {
+        self.properties.memory.clone()
+    }
+
+    fn stream(&mut self, id: StreamId) -> Result<&mut StreamState, ServerError> {
+        if !self.streams.contains_key(&id) {
+            let worker = Worker::spawn(format!("cpu{}-{}", self.device.index, id))?;
+            let memory =
+                MemoryManagement::new(CpuStorage::new(), &self.pool_config, self.memory_properties())
+                    .map_err(|e| ServerError::InvalidArgument(e.to_string()))?;
+            self.streams.insert(
+                id,
+                StreamState {
+                    worker,
+                    memory,
+                    capture: None,
+                },
+            );
+        }
+        Ok(self
+            .streams
+            .get_mut(&id)
+            .unwrap_or_else(|| unreachable!("inserted just above")))
+    }
+
+    fn resolve(&mut self, binding: &Binding) -> Result<CpuResource, ServerError> {
+        binding.check_owner(self.owner)?;
+        let handle = binding.handle();
+        let missing = || {
+            ServerError::InvalidArgument(
+                "the handle has no memory (its allocation failed; see the error queued then)"
+                    .into(),
+            )
+        };
+        let state = self.streams.get_mut(&handle.stream()).ok_or_else(missing)?;
+        state
+            .memory
+            .get_resource(
+                handle.memory().id(),
+                handle.slice_offset_start(),
+                handle.slice_offset_end(),
+            )
+            .ok_or_else(missing)
+    }
+
+    /// Points of other streams that the next command of `stream` must wait for.
+    fn waits<'b>(
+        &self,
+        stream: StreamId,
+        bindings: impl Iterator<Item = &'b Binding>,
+    ) -> Vec<(Arc<Progress>, u64)> {
+        let mut waits = Vec::new();
+        for binding in bindings {
+            if let Some(point) = binding.handle().access().last() {
+                if point.stream != stream {
+                    if let Some(other) = self.streams.get(&point.stream) {
+                        waits.push((other.worker.progress().clone(), point.seq));
+                    }
+                }
+            }
+        }
+        waits
+    }
+
+    /// Submit `command` on `stream` after the last uses of `bindings`, and record it as their use.
+    fn submit(
+        &mut self,
+        stream: StreamId,
+        bindings: &[&Binding],
+        command: Command,
+    ) -> Result<u64, ServerError> {
+        let waits = self.waits(stream, bindings.iter().copied());
+        let state = self.stream(stream)?;
+        let seq = state.worker.submit(waits, command);
+        for binding in bindings {
+            binding.handle().access().replace(StreamPoint { stream, seq });
+        }
+        Ok(seq)
+    }
+
+    fn ensure_not_capturing(&mut self, stream: StreamId, what: &str) -> Result<(), ServerError> {
+        if self.stream(stream)?.capture.is_some() {
+            return Err(ServerError::Capture(format!(
+                "{what} on {stream} while a graph capture is running"
+            )));
+        }
+        Ok(())
+    }
+
+    fn plan(&mut self, kernel: &CpuKernel) -> Result<Arc<Plan>, ServerError> {
+        if let Some(plan) = self.plans.get(&kernel.id) {
+            return Ok(plan.clone());
+        }
+        let plan = Arc::new(exec::compile(&kernel.definition)?);
+        self.plans.insert(kernel.id, plan.clone());
+        Ok(plan)
+    }
+
+    fn strides_for(&self, descriptor: &MemoryLayoutDescriptor) -> compute_core::Strides {
+        match (descriptor.policy, self.properties.pitch_alignment) {
+            (MemoryLayoutPolicy::Optimized, Some(align)) => {
+                pitched_strides(&descriptor.shape, descriptor.elem_size, align)
+            }
+            _ => contiguous_strides(&descriptor.shape),
+        }
+    }
+
+    fn sync_marker(&mut self, stream: StreamId) -> DynFut<Result<(), ServerError>> {
+        let (tx, rx) = oneshot();
+        let errors = match self.stream(stream) {
+            Ok(state) => state.worker.errors().clone(),
+            Err(e) => return Box::pin(core::future::ready(Err(e))),
+        };
+        let command: Command = Box::new(move || {
+            let first = errors.lock().pop_front();
+            tx.send(first.map_or(Ok(()), Err));
+            Ok(())
+        });
+        if let Err(e) = self.submit(stream, &[], command) {
+            return Box::pin(core::future::ready(Err(e)));
+        }
+        Box::pin(async move { rx.await.unwrap_or_else(|| Err(worker_gone())) })
+    }
+
+    fn check_group(&self, devices: &[DeviceId]) -> Result<Vec<DeviceId>, ServerError> {
+        let mut group = devices.to_vec();
+        group.sort();
+        group.dedup();
+        if !group.contains(&self.owner.device) {
+            return Err(ServerError::InvalidArgument(format!(
+                "collective group {group:?} does not contain this device {}",
+                self.owner.device
+            )));
+        }
+        let count = device_count();
+        if let Some(bad) = group
+            .iter()
+            .find(|d| d.type_id != self.owner.device.type_id || d.index_id >= count)
+        {
+            return Err(ServerError::InvalidArgument(format!(
+                "collective group names device {bad}, which does not exist ({count} CPU devices)"
+            )));
+        }
+        Ok(group)
+    }
+}
+
+fn worker_gone() -> ServerError {
+    ServerError::Driver("the stream worker stopped before answering".into())
+}
+
+/// Copy compact `src` into the strided tensor at `dst`.
+///
+/// # Safety
+/// `dst` must be valid for writes over the whole strided span of the tensor.
+unsafe fn scatter_rows(src: &[u8], dst: *mut u8, shape: &[usize], strides: &[usize], elem: usize) {
+    if strides == contiguous_strides(shape).0.as_slice() {
+        // SAFETY: the compact and strided layouts coincide; `dst` holds `src.len()` bytes (caller).
+        unsafe { core::ptr::copy_nonoverlapping(src.as_ptr(), dst, src.len()) };
+        return;
+    }
+    for_each_row(shape, strides, elem, |strided, compact, len| {
+        // SAFETY: every row lies inside the strided span (caller contract); `src` is compact.
+        unsafe { core::ptr::copy_nonoverlapping(src[compact..].as_ptr(), dst.add(strided), len) };
+    });
+}
+
+/// Copy the strided tensor at `src` into compact `dst`.
+///
+/// # Safety
+/// `src` must be valid for reads over the whole strided span of the tensor.
+unsafe fn gather_rows(src: *const u8, dst: &mut [u8], shape: &[usize], strides: &[usize], elem: usize) {
+    if strides == contiguous_strides(shape).0.as_slice() {
+        // SAFETY: layouts coincide; `src` holds `dst.len()` bytes (caller contract).
+        unsafe { core::ptr::copy_nonoverlapping(src, dst.as_mut_ptr(), dst.len()) };
+        return;
+    }
+    for_each_row(shape, strides, elem, |strided, compact, len| {
+        // SAFETY: every row lies inside the strided span (caller contract); `dst` is compact.
+        unsafe { core::ptr::copy_nonoverlapping(src.add(strided), dst[compact..].as_mut_ptr(), len) };
+    });
+}
+
+impl ComputeServer for CpuServer {
+    type Kernel = CpuKernel;
+    type Storage = CpuStorage;
+    type Info = CpuInfo;
+
+    fn info(&self) -> CpuInfo {
+        CpuInfo {
+            device: self.device,
+            threads: rayon::current_num_threads(),
+        }
+    }
+
+    fn properties(&self) -> DeviceProperties {
+        self.properties.clone()
+    }
+
+    fn owner(&self) -> HandleOwner {
+        self.owner
+    }
+
+    fn create(
+        &mut self,
+        descriptors: &[MemoryLayoutDescriptor],
+        stream: StreamId,
+    ) -> Result<Vec<MemoryLayout>, ServerError> {
+        let mut offsets = Vec::with_capacity(descriptors.len());
+        let mut layouts = Vec::with_capacity(descriptors.len());
+        let mut total = 0u64;
+        for descriptor in descriptors {
+            if descriptor.elem_size == 0 {
+                return Err(ServerError::InvalidArgument(
+                    "tensor with an element size of 0".into(),
+                ));
+            }
+            let strides = self.strides_for(descriptor);
+            let size = allocation_size(&descriptor.shape, &strides, descriptor.elem_size) as u64;
+            total = total.next_multiple_of(CPU_ALIGNMENT);
+            offsets.push((total, size));
+            total += size;
+            layouts.push(strides);
+        }
+        let owner = self.owner;
+        let state = self.stream(stream)?;
+        let slice = if state.capture.is_some() {
+            state.memory.reserve_no_alloc(total).ok_or_else(|| {
+                ServerError::Capture(format!(
+                    "allocating {total} bytes would need a fresh allocation; warm up after graph_prepare so the persistent pool holds it"
+                ))
+            })?
+        } else {
+            state.memory.reserve(total)?
+        };
+        let base = Handle::new(slice, total, owner, stream);
+        Ok(descriptors
+            .iter()
+            .zip(offsets)
+            .zip(layouts)
+            .map(|((descriptor, (offset, size)), strides)| MemoryLayout {
+                memory: base
+                    .clone()
+                    .offset_start(offset)
+                    .offset_end(total - offset - size),
+                shape: descriptor.shape.clone(),
+                strides,
+                elem_size: descriptor.elem_size,
+            })
+            .collect())
+    }
+
+    fn write(
+        &mut self,
+        writes: Vec<(CopyDescriptor, Bytes)>,
+        stream: StreamId,
+    ) -> Result<(), ServerError> {
+        self.ensure_not_capturing(stream, "write")?;
+        for (descriptor, bytes) in writes {
+            descriptor.validate()?;
+            if bytes.len() != descriptor.compact_size() {
+                return Err(ServerError::InvalidArgument(format!(
+                    "write of {} bytes into a tensor of {} bytes",
+                    bytes.len(),
+                    descriptor.compact_size()
+                )));
+            }
+            let target = self.resolve(&descriptor.binding)?;
+            let binding = descriptor.binding.clone();
+            let command: Command = Box::new(move || {
+                let src = bytes.try_as_slice()?;
+                // SAFETY: `validate` checked the strided span fits the bound memory, which the
+                // descriptor keeps alive until this command has run.
+                unsafe {
+                    scatter_rows(
+                        src,
+                        target.ptr(),
+                        &descriptor.shape,
+                        &descriptor.strides,
+                        descriptor.elem_size,
+                    )
+                };
+                Ok(())
+            });
+            self.submit(stream, &[&binding], command)?;
+        }
+        Ok(())
+    }
+
+    fn read(
+        &mut self,
+        descriptors: Vec<CopyDescriptor>,
+        stream: StreamId,
+    ) -> DynFut<Result<Vec<Bytes>, ServerError>> {
+        let prepared = (|| {
+            self.ensure_not_capturing(stream, "read")?;
+            let mut sources = Vec::with_capacity(descriptors.len());
+            for descriptor in &descriptors {
+                descriptor.validate()?;
+                sources.push(self.resolve(&descriptor.binding)?);
+            }
+            Ok::<_, ServerError>(sources)
+        })();
+        let sources = match prepared {
+            Ok(s) => s,
+            Err(e) => return Box::pin(core::future::ready(Err(e))),
+        };
+        let (tx, rx) = oneshot();
+        let errors = match self.stream(stream) {
+            Ok(state) => state.worker.errors().clone(),
+            Err(e) => return Box::pin(core::future::ready(Err(e))),
+        };
+        let bindings: Vec<Binding> = descriptors.iter().map(|d| d.binding.clone()).collect();
+        let command: Command = Box::new(move || {
+            if let Some(e) = errors.lock().pop_front() {
+                tx.send(Err(e));
+                return Ok(());
+            }
+            let out = descriptors
+                .iter()
+                .zip(&sources)
+                .map(|(d, src)| {
+                    let mut buf = compute_core::bytes::AlignedBuf::zeroed(d.compact_size());
+                    // SAFETY: `validate` checked the span fits the bound memory, kept alive by `d`.
+                    unsafe { gather_rows(src.ptr(), buf.as_mut_slice(), &d.shape, &d.strides, d.elem_size) };
+                    Bytes::from_aligned(buf)
+                })
+                .collect();
+            tx.send(Ok(out));
+            Ok(())
+        });
+        let refs: Vec<&Binding> = bindings.iter().collect();
+        if let Err(e) = self.submit(stream, &refs, command) {
+            return Box::pin(core::future::ready(Err(e)));
+        }
+        Box::pin(async move { rx.await.unwrap_or_else(|| Err(worker_gone())) })
+    }
+
+    fn get_resource(
+        &mut self,
+        binding: Binding,
+        stream: StreamId,
+    ) -> Result<CpuResource, ServerError> {
+        let resource = self.resolve(&binding)?;
+        if let Some(point) = binding.handle().access().last() {
+            if let Some(other) = self.streams.get(&point.stream) {
+                other.worker.progress().wait_for(point.seq);
+            }
+        }
+        self.stream(stream)?.worker.wait_idle();
+        Ok(resource)
+    }
+
+    unsafe fn launch(
+        &mut self,
+        kernel: CpuKernel,
+        count: CubeCount,
+        arguments: KernelArguments,
+        mode: ExecutionMode,
+        stream: StreamId,
+    ) -> Result<(), ServerError> {
+        let definition = kernel.definition.clone();
+        let infos: Vec<_> = arguments
+            .buffers
+            .iter()
+            .map(|b| compute_core::kernel::BufferLaunchInfo {
+                len_bytes: b.binding.size(),
+                rank: b.shape.rank(),
+            })
+            .collect();
+        definition.check_launch(&infos, &arguments.scalars)?;
+        let shared = definition.shared_memory_bytes() as u64;
+        let limit = self.properties.hardware.max_shared_memory_bytes;
+        if shared > limit {
+            return Err(ServerError::InvalidArgument(format!(
+                "kernel `{}` uses {shared} bytes of shared memory, the device allows {limit}",
+                definition.name()
+            )));
+        }
+        let plan = self.plan(&kernel)?;
+        let (count, count_binding) = match count {
+            CubeCount::Static(x, y, z) => (CountSource::Static([x, y, z]), None),
+            CubeCount::Dynamic(binding) => {
+                (CountSource::Dynamic(self.resolve(&binding)?), Some(binding))
+            }
+        };
+        let mut buffers = Vec::with_capacity(arguments.buffers.len());
+        for BufferArgument {
+            binding,
+            shape,
+            strides,
+        } in arguments.buffers
+        {
+            buffers.push(ResolvedBuffer {
+                resource: self.resolve(&binding)?,
+                shape: shape.0,
+                strides: strides.0,
+                binding,
+            });
+        }
+        let launch = Arc::new(RecordedLaunch {
+            plan,
+            count,
+            count_binding,
+            buffers,
+            scalars: arguments.scalars,
+            checked: mode == ExecutionMode::Checked,
+        });
+        let state = self.stream(stream)?;
+        if let Some(capture) = &mut state.capture {
+            capture.push(launch);
+            return Ok(());
+        }
+        let bindings: Vec<Binding> = launch.bindings().cloned().collect();
+        let refs: Vec<&Binding> = bindings.iter().collect();
+        self.submit(stream, &refs, Box::new(move || launch.run()))?;
+        Ok(())
+    }
+
+    fn flush(&mut self, stream: StreamId) -> Result<(), ServerError> {
+        match self.stream(stream)?.worker.take_error() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    fn sync(&mut self, stream: StreamId) -> DynFut<Result<(), ServerError>> {
+        if let Err(e) = self.ensure_not_capturing(stream, "sync") {
+            return Box::pin(core::future::ready(Err(e)));
+        }
+        self.sync_marker(stream)
+    }
+
+    fn stream_ids(&self) -> Vec<StreamId> {
+        self.streams.keys().copied().collect()
+    }
+
+    fn memory_usage(&mut self, stream: StreamId) -> Result<MemoryUsage, ServerError> {
+        Ok(self.stream(stream)?.memory.memory_usage())
+    }
+
+    fn memory_cleanup(&mut self, stream: StreamId) {
+        if let Some(state) = self.streams.get_mut(&stream) {
+            state.memory.cleanup(true);
+        }
+    }
+
+    fn allocation_mode(&mut self, mode: MemoryAllocationMode, stream: StreamId) {
+        if let Ok(state) = self.stream(stream) {
+            state.memory.mode(mode);
+        }
+    }
+
+    fn configure_memory_pools(
+        &mut self,
+        config: &MemoryPoolsConfig,
+        stream: StreamId,
+    ) -> Result<bool, PoolConfigError> {
+        config.resolve(&self.properties.memory)?;
+        self.pool_config = config.clone();
+        match self.stream(stream) {
+            Ok(state) => state.memory.reconfigure(config),
+            Err(_) => Ok(false),
+        }
+    }
+
+    fn staging(&mut self, bytes: &mut [&mut Bytes], file_only: bool) -> Result<(), ServerError> {
+        for b in bytes.iter_mut() {
+            if file_only && b.kind() != BytesKind::File {
+                continue;
+            }
+            b.materialize()?;
+        }
+        Ok(())
+    }
+
+    fn graph_prepare(&mut self, stream: StreamId) -> Result<(), ServerError> {
+        self.ensure_not_capturing(stream, "graph_prepare")?;
+        self.stream(stream)?
+            .memory
+            .mode(MemoryAllocationMode::Persistent);
+        Ok(())
+    }
+
+    fn begin_capture(&mut self, stream: StreamId) -> Result<(), ServerError> {
+        self.ensure_not_capturing(stream, "start_capture")?;
+        self.stream(stream)?.capture = Some(Vec::new());
+        Ok(())
+    }
+
+    fn end_capture(&mut self, stream: StreamId) -> Result<GraphId, ServerError> {
+        let state = self.stream(stream)?;
+        let launches = state.capture.take().ok_or_else(|| {
+            ServerError::InvalidArgument(format!("stop_capture on {stream} without start_capture"))
+        })?;
+        state.memory.mode(MemoryAllocationMode::Auto);
+        let id = GraphId::fresh();
+        self.graphs.insert(id, CpuGraph { stream, launches });
+        Ok(id)
+    }
+
+    fn graph_replay(&mut self, graph: GraphId, stream: StreamId) -> Result<(), ServerError> {
+        self.ensure_not_capturing(stream, "graph replay")?;
+        let launches = match self.graphs.get(&graph) {
+            Some(g) if g.stream == stream => g.launches.clone(),
+            Some(g) => {
+                return Err(ServerError::InvalidArgument(format!(
+                    "graph {graph:?} was captured on {} and replays there, not on {stream}",
+                    g.stream
+                )));
+            }
+            None => {
+                return Err(ServerError::InvalidArgument(format!(
+                    "graph {graph:?} is not held by this server"
+                )));
+            }
+        };
+        for launch in launches {
+            let bindings: Vec<Binding> = launch.bindings().cloned().collect();
+            let refs: Vec<&Binding> = bindings.iter().collect();
+            self.submit(stream, &refs, Box::new(move || launch.run()))?;
+        }
+        Ok(())
+    }
+
+    fn graph_release(&mut self, graph: GraphId) {
+        self.graphs.remove(&graph);
+    }
+
+    fn profile_start(&mut self, stream: StreamId) -> Result<ProfileToken, ProfileError> {
+        self.ensure_not_capturing(stream, "profile")?;
+        let id = self.next_profile;
+        self.next_profile += 1;
+        self.profiles.insert(id, Instant::now());
+        Ok(ProfileToken { id })
+    }
+
+    fn profile_end(
+        &mut self,
+        token: ProfileToken,
+        stream: StreamId,
+    ) -> DynFut<Result<ProfileDuration, ProfileError>> {
+        let Some(start) = self.profiles.remove(&token.id) else {
+            return Box::pin(core::future::ready(Err(ProfileError::Unavailable(format!(
+                "profile token {} was not started on this server",
+                token.id
+            )))));
+        };
+        let done = self.sync(stream);
+        Box::pin(async move {
+            done.await?;
+            Ok(ProfileDuration {
+                duration: start.elapsed(),
+                timing: TimingMethod::Host,
+            })
+        })
+    }
+
+    fn ensure_init_collective(
+        &mut self,
+        devices: &[DeviceId],
+        _stream: StreamId,
+    ) -> Result<(), ServerError> {
+        let group = self.check_group(devices)?;
+        self.collective_groups.insert(group);
+        Ok(())
+    }
+
+    fn all_reduce(
+        &mut self,
+        src: Binding,
+        dst: Binding,
+        dtype: ElemType,
+        devices: Vec<DeviceId>,
+        op: ReduceOperation,
+        _stream: StreamId,
+    ) -> Result<(), ServerError> {
+        let group = self.check_group(&devices)?;
+        if !self.collective_groups.contains(&group) {
+            return Err(ServerError::InvalidArgument(format!(
+                "all_reduce over {group:?} before ensure_init_collective for that group"
+            )));
+        }
+        if src.size() != dst.size() || src.size() % dtype.size() as u64 != 0 {
+            return Err(ServerError::InvalidArgument(format!(
+                "all_reduce from {} to {} bytes of {dtype}",
+                src.size(),
+                dst.size()
+            )));
+        }
+        let source = self.resolve(&src)?;
+        let target = self.resolve(&dst)?;
+        let round = self.collective_rounds.entry(group.clone()).or_insert(0);
+        *round += 1;
+        let round = *round;
+        let me = self.owner.device;
+        let comm = self.comm_stream;
+        let (keep_src, keep_dst) = (src.clone(), dst.clone());
+        let command: Command = Box::new(move || {
+            let _alive = (&keep_src, &keep_dst);
+            // SAFETY: the bindings keep both ranges alive; stream waits order their contents.
+            let data = unsafe { core::slice::from_raw_parts(source.ptr(), source.len()) }.to_vec();
+            let out = HostRendezvous::global().all_reduce(&group, round, me, data, dtype, op)?;
+            // SAFETY: `target` holds `out.len()` bytes (sizes checked equal at submission).
+            unsafe { core::ptr::copy_nonoverlapping(out.as_ptr(), target.ptr(), out.len()) };
+            Ok(())
+        });
+        self.submit(comm, &[&src, &dst], command)?;
+        Ok(())
+    }
+
+    fn sync_collective(&mut self, _stream: StreamId) -> DynFut<Result<(), ServerError>> {
+        let comm = self.comm_stream;
+        self.sync_marker(comm)
+    }
+}
+
+impl Drop for CpuServer {
+    fn drop(&mut self) {
+        // Commands hold raw pointers into the pools: let them finish before storage is freed.
+        for state in self.streams.values() {
+            state.worker.wait_idle();
+        }
+    }
+}

@@ -1,0 +1,59 @@
+//! Graph capture and replay.
+
+use compute_core::{ComputeClient, Runtime, ServerError, StreamId, block_on};
+
+use crate::kernels;
+use crate::util::{f32_bytes, ramp};
+
+/// Capture two launches, refresh the input with `write` between replays, read each result.
+pub fn graph_replay_with_refreshed_inputs<R: Runtime>(mut client: ComputeClient<R>) {
+    // SAFETY: a dedicated capture stream used by this thread only.
+    unsafe { client.set_stream(StreamId::fresh()) };
+    let n = 512;
+    let kernel = kernels::add_f32(1);
+    client.graph_prepare().unwrap();
+    let input = client.create(f32_bytes(&ramp(n, 1.0)));
+    let ones = client.create(f32_bytes(&vec![1.0; n]));
+    let mid = client.empty(n * 4);
+    let out = client.empty(n * 4);
+    // Warm-up run, outside the capture.
+    kernels::launch_binary(&client, &kernel, &input, &ones, &mid, n, 1);
+    kernels::launch_binary(&client, &kernel, &mid, &mid, &out, n, 1);
+    block_on(client.sync()).unwrap();
+    client.start_capture().unwrap();
+    kernels::launch_binary(&client, &kernel, &input, &ones, &mid, n, 1);
+    kernels::launch_binary(&client, &kernel, &mid, &mid, &out, n, 1);
+    let graph = client.stop_capture().unwrap();
+    for round in 0..3 {
+        let base = round as f32 * 10.0;
+        client.write(&input, f32_bytes(&vec![base; n]));
+        graph.replay().unwrap();
+        let got = client.read_one(out.clone()).unwrap().to_elems::<f32>();
+        assert!(got.iter().all(|&v| v == (base + 1.0) * 2.0), "round {round}: {:?}", &got[..4]);
+    }
+    drop(graph);
+    block_on(client.sync()).unwrap();
+}
+
+/// During a capture, a sync and a fresh allocation are errors; the stream works afterwards.
+pub fn capture_rejects_sync_and_fresh_allocation<R: Runtime>(mut client: ComputeClient<R>) {
+    // SAFETY: a dedicated capture stream used by this thread only.
+    unsafe { client.set_stream(StreamId::fresh()) };
+    client.graph_prepare().unwrap();
+    let out = client.create(f32_bytes(&[0.0; 4]));
+    client.start_capture().unwrap();
+    let err = block_on(client.sync()).unwrap_err();
+    assert!(matches!(err, ServerError::Capture(_)), "{err:?}");
+    let err = client.try_empty(123_456).unwrap_err();
+    assert!(matches!(err, ServerError::Capture(_)), "{err:?}");
+    assert!(matches!(client.read_one(out.clone()), Err(ServerError::Capture(_))));
+    client.launch(
+        kernels::fill_f32().into(),
+        compute_core::CubeCount::Static(1, 1, 1),
+        compute_core::KernelArguments::new().buffer(out.clone().binding()).scalar(4.0f32),
+    );
+    let graph = client.stop_capture().unwrap();
+    assert_eq!(client.read_one(out.clone()).unwrap().to_elems::<f32>(), vec![0.0; 4], "captured, not run");
+    graph.replay().unwrap();
+    assert_eq!(client.read_one(out).unwrap().to_elems::<f32>(), vec![4.0; 4]);
+}

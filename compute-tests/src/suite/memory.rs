@@ -1,0 +1,171 @@
+//! Memory management seen through the client: usage figures, reuse, cleanup, pool layouts,
+//! persistent allocations and out-of-memory.
+
+use compute_core::memory::{PoolKind, PoolSpec};
+use compute_core::{
+    Bytes, ComputeClient, MemoryAllocationMode, MemoryPoolsConfig, Runtime, ServerError, StreamId,
+};
+
+use crate::kernels;
+use crate::util::{f32_bytes, ramp, sync};
+
+fn own_stream<R: Runtime>(mut client: ComputeClient<R>) -> ComputeClient<R> {
+    // SAFETY: the stream is fresh and used by this test's thread only.
+    unsafe { client.set_stream(StreamId::fresh()) };
+    client
+}
+
+/// `memory_usage` counts live allocations and bytes exactly.
+pub fn memory_usage_is_exact<R: Runtime>(client: ComputeClient<R>) {
+    let client = own_stream(client);
+    let start = client.memory_usage().unwrap();
+    let a = client.empty(1000);
+    let b = client.empty(24);
+    let usage = client.memory_usage().unwrap();
+    assert_eq!(usage.number_allocs, start.number_allocs + 2);
+    assert_eq!(usage.bytes_in_use, start.bytes_in_use + 1024);
+    assert!(usage.bytes_reserved >= usage.bytes_in_use + usage.bytes_padding);
+    drop(a);
+    drop(b);
+    sync(&client);
+    let after = client.memory_usage().unwrap();
+    assert_eq!(after.number_allocs, start.number_allocs);
+    assert_eq!(after.bytes_in_use, start.bytes_in_use);
+}
+
+/// 1,000 iterations of allocate, launch and drop keep the reserved memory flat after warm-up.
+pub fn memory_stays_flat_over_iterations<R: Runtime>(client: ComputeClient<R>) {
+    let client = own_stream(client);
+    let kernel = kernels::add_f32(1);
+    let n = 1000;
+    let a = client.create(f32_bytes(&ramp(n, 1.0)));
+    let mut reserved_after_warmup = 0;
+    for iteration in 0..1000 {
+        let b = client.create(f32_bytes(&ramp(n, 2.0)));
+        let out = client.empty(n * 4);
+        kernels::launch_binary(&client, &kernel, &a, &b, &out, n, 1);
+        if iteration % 100 == 99 {
+            let values = client.read_one(out.clone()).unwrap().to_elems::<f32>();
+            assert_eq!(values[n - 1], (n - 1) as f32 * 3.0);
+        }
+        drop((b, out));
+        if iteration == 99 {
+            sync(&client);
+            reserved_after_warmup = client.memory_usage().unwrap().bytes_reserved;
+        }
+    }
+    sync(&client);
+    let end = client.memory_usage().unwrap();
+    assert_eq!(
+        end.bytes_reserved, reserved_after_warmup,
+        "bytes_reserved grew after warm-up"
+    );
+    assert_eq!(end.number_allocs, 1, "only `a` is live");
+}
+
+/// `memory_cleanup` returns free pages to the driver.
+pub fn memory_cleanup_releases_free_pages<R: Runtime>(client: ComputeClient<R>) {
+    let client = own_stream(client);
+    let handles: Vec<_> = (0..16).map(|i| client.empty(4096 * (i + 1))).collect();
+    let full = client.memory_usage().unwrap();
+    assert!(full.bytes_reserved > 0);
+    drop(handles);
+    sync(&client);
+    let freed = client.memory_usage().unwrap();
+    assert_eq!(freed.bytes_in_use, 0);
+    client.memory_cleanup();
+    let cleaned = client.memory_usage().unwrap();
+    assert!(
+        cleaned.bytes_reserved < full.bytes_reserved,
+        "cleanup kept {} of {} bytes",
+        cleaned.bytes_reserved,
+        full.bytes_reserved
+    );
+    assert_eq!(cleaned.bytes_reserved, 0, "nothing is live on this stream");
+}
+
+/// An allocation that cannot fit is an error, and the client keeps working after it.
+pub fn allocation_that_cannot_fit_is_an_error<R: Runtime>(client: ComputeClient<R>) {
+    let client = own_stream(client);
+    let huge = 1usize << 60;
+    let err = client.try_empty(huge).unwrap_err();
+    assert!(matches!(err, ServerError::OutOfMemory { requested, .. } if requested >= huge as u64), "{err:?}");
+    let handle = client.empty(huge);
+    assert_eq!(handle.size(), 0);
+    let queued = client.flush().unwrap_err();
+    assert!(matches!(queued, ServerError::OutOfMemory { .. }), "{queued:?}");
+    assert!(client.read_one(handle).is_err(), "a failed handle cannot be read");
+    let ok = client.create(f32_bytes(&[1.0, 2.0]));
+    assert_eq!(client.read_one(ok).unwrap().to_elems::<f32>(), vec![1.0, 2.0]);
+    client.flush().unwrap();
+}
+
+/// `configure_memory_pools` rebuilds quiescent pools, keeps live ones, and panics on bad layouts.
+pub fn configure_memory_pools_layouts<R: Runtime>(client: ComputeClient<R>) {
+    let client = own_stream(client);
+    let layout = MemoryPoolsConfig::Explicit(vec![
+        PoolSpec {
+            kind: PoolKind::Sliced {
+                page_size: 1 << 20,
+                max_slice_size: 64 << 10,
+            },
+            cap: None,
+            dealloc_period: None,
+        },
+        PoolSpec {
+            kind: PoolKind::Exclusive {
+                max_alloc_size: 1 << 30,
+            },
+            cap: None,
+            dealloc_period: None,
+        },
+    ]);
+    assert!(client.configure_memory_pools(&layout), "nothing live: rebuilt now");
+    let live = client.create(f32_bytes(&[1.0]));
+    assert!(!client.configure_memory_pools(&layout), "something live: kept");
+    assert_eq!(client.read_one(live).unwrap().to_elems::<f32>(), vec![1.0]);
+    let bad = MemoryPoolsConfig::Explicit(vec![PoolSpec {
+        kind: PoolKind::Sliced {
+            page_size: 1024,
+            max_slice_size: 4096,
+        },
+        cap: None,
+        dealloc_period: None,
+    }]);
+    let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        client.configure_memory_pools(&bad)
+    }));
+    assert!(panicked.is_err(), "a slice larger than its page must panic");
+    let empty = MemoryPoolsConfig::Explicit(Vec::new());
+    let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        client.configure_memory_pools(&empty)
+    }));
+    assert!(panicked.is_err(), "an empty layout must panic");
+    sync(&client);
+    assert!(client.configure_memory_pools(&MemoryPoolsConfig::default()));
+}
+
+/// `memory_persistent_allocation` and `allocation_mode` route allocations to the persistent pool.
+pub fn persistent_allocations<R: Runtime>(client: ComputeClient<R>) {
+    let client = own_stream(client);
+    let weights = client
+        .memory_persistent_allocation(vec![1.0f32, 2.0, 3.0], |w| client.create(Bytes::from_elems(w)))
+        .unwrap();
+    let usage = client.memory_usage().unwrap();
+    assert_eq!(usage.number_allocs, 1);
+    assert_eq!(usage.bytes_in_use, 12);
+    assert_eq!(client.read_one(weights.clone()).unwrap().to_elems::<f32>(), vec![1.0, 2.0, 3.0]);
+    drop(weights);
+    sync(&client);
+    // SAFETY: this test's stream only.
+    unsafe { client.allocation_mode(MemoryAllocationMode::Persistent) };
+    let again = client.empty(12);
+    // SAFETY: as above.
+    unsafe { client.allocation_mode(MemoryAllocationMode::Auto) };
+    let reused = client.memory_usage().unwrap();
+    assert_eq!(reused.bytes_reserved, usage.bytes_reserved, "the exact-size block is reused");
+    drop(again);
+    sync(&client);
+    client.memory_cleanup();
+    assert_eq!(client.memory_usage().unwrap().bytes_reserved, 0);
+}

@@ -1,0 +1,203 @@
+//! Creation, writes and reads.
+
+use compute_core::{
+    Bytes, BytesKind, ComputeClient, CopyDescriptor, MemoryLayoutDescriptor, Runtime, block_on,
+};
+
+use crate::util::{f32_bytes, ramp, sync};
+
+/// `create`, `create_from_slice`, `read`, `read_one`, `read_async`, `read_one_unchecked`.
+pub fn create_and_read_back<R: Runtime>(client: ComputeClient<R>) {
+    let a = client.create(f32_bytes(&[1.0, 2.0, 3.5]));
+    let b = client.create_from_slice(&[9u8, 8, 7]);
+    let both = client.read(vec![a.clone(), b.clone()]);
+    assert_eq!(both[0].to_elems::<f32>(), vec![1.0, 2.0, 3.5]);
+    assert_eq!(&*both[1], &[9, 8, 7]);
+    assert_eq!(client.read_one(a.clone()).unwrap().len(), 12);
+    assert_eq!(&*client.read_one_unchecked(b.clone()), &[9, 8, 7]);
+    let fut = client.read_async(vec![b]);
+    assert_eq!(&*block_on(fut).unwrap()[0], &[9, 8, 7]);
+}
+
+/// A zero-size buffer can be created, read (0 bytes) and written.
+pub fn zero_size_buffer<R: Runtime>(client: ComputeClient<R>) {
+    let empty = client.create(Bytes::from_vec(Vec::new()));
+    let reserved = client.empty(0);
+    assert_eq!(empty.size(), 0);
+    assert_eq!(reserved.size(), 0);
+    client.write(&reserved, Bytes::from_vec(Vec::new()));
+    let read = client.read(vec![empty, reserved]);
+    assert_eq!(read[0].len(), 0);
+    assert_eq!(read[1].len(), 0);
+    client.flush().unwrap();
+}
+
+/// `write` replaces data in place; a shorter write only touches the start.
+pub fn write_in_place<R: Runtime>(client: ComputeClient<R>) {
+    let handle = client.create(f32_bytes(&[1.0, 2.0, 3.0, 4.0]));
+    client.write(&handle, f32_bytes(&[10.0, 20.0]));
+    let out = client.read_one(handle.clone()).unwrap().to_elems::<f32>();
+    assert_eq!(out, vec![10.0, 20.0, 3.0, 4.0]);
+    client.write(&handle, f32_bytes(&[5.0, 6.0, 7.0, 8.0]));
+    let out = client.read_one(handle).unwrap().to_elems::<f32>();
+    assert_eq!(out, vec![5.0, 6.0, 7.0, 8.0]);
+}
+
+/// A write longer than its handle is an error returned by the next flush, and writes nothing.
+pub fn write_too_long_is_an_error<R: Runtime>(client: ComputeClient<R>) {
+    let handle = client.create(f32_bytes(&[1.0]));
+    client.write(&handle, f32_bytes(&[1.0, 2.0]));
+    let err = client.flush().unwrap_err();
+    assert!(
+        matches!(err, compute_core::ServerError::InvalidArgument(_)),
+        "{err:?}"
+    );
+    assert_eq!(client.read_one(handle).unwrap().to_elems::<f32>(), vec![1.0]);
+}
+
+/// `create_tensor` may pitch rows; `read_tensor` returns compact data either way, and the raw
+/// memory has every row at its stride.
+pub fn pitched_tensor_reads<R: Runtime>(client: ComputeClient<R>) {
+    let (rows, cols) = (3usize, 5usize);
+    let data = ramp(rows * cols, 1.0);
+    let layout = client.create_tensor(f32_bytes(&data), [rows, cols].into(), 4);
+    assert_eq!(layout.strides[1], 1);
+    assert!(layout.strides[0] >= cols);
+    if let Some(align) = client.properties().pitch_alignment {
+        assert_eq!((layout.strides[0] * 4) % align, 0, "rows must be aligned to {align}");
+    } else {
+        assert!(layout.is_contiguous());
+    }
+    let compact = client.read_tensor(vec![layout.copy_descriptor()]);
+    assert_eq!(compact[0].to_elems::<f32>(), data);
+    let raw = client.read_one(layout.memory.clone()).unwrap().to_elems::<f32>();
+    assert_eq!(raw.len(), rows * layout.strides[0]);
+    for r in 0..rows {
+        let stride = layout.strides[0];
+        assert_eq!(&raw[r * stride..r * stride + cols], &data[r * cols..(r + 1) * cols]);
+    }
+    let one = client.read_one_unchecked_tensor(layout.copy_descriptor());
+    assert_eq!(one.to_elems::<f32>(), data);
+    let fut = client.read_one_tensor_async(layout.copy_descriptor());
+    assert_eq!(block_on(fut).unwrap().to_elems::<f32>(), data);
+    let fut = client.read_tensor_async(vec![layout.copy_descriptor()]);
+    assert_eq!(block_on(fut).unwrap()[0].to_elems::<f32>(), data);
+    let from_slice = client.create_tensor_from_slice(bytemuck::cast_slice(&data), [rows, cols].into(), 4);
+    assert_eq!(client.read_one_unchecked_tensor(from_slice.copy_descriptor()).to_elems::<f32>(), data);
+}
+
+/// A descriptor whose strides are not row-major is rejected with an error.
+pub fn read_tensor_rejects_bad_strides<R: Runtime>(client: ComputeClient<R>) {
+    let handle = client.create(f32_bytes(&ramp(6, 1.0)));
+    let transposed = CopyDescriptor::new(handle.clone().binding(), [2, 3], [1, 2], 4);
+    let err = block_on(client.read_one_tensor_async(transposed)).unwrap_err();
+    assert!(matches!(err, compute_core::ServerError::InvalidArgument(_)), "{err:?}");
+    let too_big = CopyDescriptor::new(handle.binding(), [4, 3], [3, 1], 4);
+    assert!(block_on(client.read_one_tensor_async(too_big)).is_err());
+}
+
+/// `create_tensors` packs every tensor into one allocation, without overlap.
+pub fn create_tensors_packs_one_allocation<R: Runtime>(client: ComputeClient<R>) {
+    let a = ramp(7, 1.0);
+    let b = ramp(12, -2.0);
+    let c: Vec<f32> = vec![42.0];
+    let before = client.memory_usage().unwrap();
+    let layouts = client.create_tensors(vec![
+        (MemoryLayoutDescriptor::optimized([7], 4), f32_bytes(&a)),
+        (MemoryLayoutDescriptor::optimized([3, 4], 4), f32_bytes(&b)),
+        (MemoryLayoutDescriptor::contiguous([1], 4), f32_bytes(&c)),
+    ]);
+    let after = client.memory_usage().unwrap();
+    assert_eq!(after.number_allocs, before.number_allocs + 1, "one slice for all tensors");
+    assert!(layouts[0].memory.same_memory(&layouts[1].memory));
+    assert!(layouts[1].memory.same_memory(&layouts[2].memory));
+    let ranges: Vec<(u64, u64)> = layouts
+        .iter()
+        .map(|l| (l.memory.slice_offset_start(), l.memory.slice_offset_start() + l.memory.size()))
+        .collect();
+    for i in 0..ranges.len() {
+        for j in i + 1..ranges.len() {
+            assert!(ranges[i].1 <= ranges[j].0 || ranges[j].1 <= ranges[i].0, "{ranges:?}");
+        }
+    }
+    let read = client.read_tensor(layouts.iter().map(|l| l.copy_descriptor()).collect());
+    assert_eq!(read[0].to_elems::<f32>(), a);
+    assert_eq!(read[1].to_elems::<f32>(), b);
+    assert_eq!(read[2].to_elems::<f32>(), c);
+    let from_slices = client.create_tensors_from_slices(vec![
+        (MemoryLayoutDescriptor::contiguous([2], 4), bytemuck::cast_slice(&[1.0f32, 2.0])),
+        (MemoryLayoutDescriptor::contiguous([1], 4), bytemuck::cast_slice(&[3.0f32])),
+    ]);
+    let read = client.read_tensor(from_slices.iter().map(|l| l.copy_descriptor()).collect());
+    assert_eq!(read[0].to_elems::<f32>(), vec![1.0, 2.0]);
+    assert_eq!(read[1].to_elems::<f32>(), vec![3.0]);
+}
+
+/// `empty`, `empty_tensor` and `empty_tensors` reserve memory of the right size and layout.
+pub fn empty_allocations<R: Runtime>(client: ComputeClient<R>) {
+    let raw = client.empty(100);
+    assert_eq!(raw.size(), 100);
+    let tensor = client.empty_tensor([4, 3].into(), 2);
+    assert_eq!(tensor.strides[1], 1);
+    assert_eq!(tensor.memory.size() as usize, 4 * tensor.strides[0] * 2);
+    let many = client.empty_tensors(vec![
+        MemoryLayoutDescriptor::contiguous([5], 8),
+        MemoryLayoutDescriptor::contiguous([2, 2], 4),
+    ]);
+    assert_eq!(many[0].memory.size(), 40);
+    assert_eq!(many[1].memory.size(), 16);
+    assert_eq!(many[1].strides.0, vec![2, 1]);
+    assert!(many[0].memory.same_memory(&many[1].memory));
+    client.write(&raw, Bytes::from_vec(vec![3; 100]));
+    assert_eq!(client.read_one(raw).unwrap().to_vec(), vec![3; 100]);
+}
+
+/// `read_lazy` copies on first access, and sees the device state of that moment.
+pub fn read_lazy_reflects_first_access<R: Runtime>(client: ComputeClient<R>) {
+    let handle = client.create(f32_bytes(&[1.0, 2.0]));
+    let lazy = client.read_lazy(handle.clone().copy_descriptor_bytes());
+    assert_eq!(lazy.len(), 8);
+    assert!(!lazy.is_materialized());
+    client.write(&handle, f32_bytes(&[3.0, 4.0]));
+    sync(&client);
+    assert_eq!(lazy.to_elems::<f32>(), vec![3.0, 4.0]);
+    assert!(lazy.is_materialized());
+    drop(handle);
+    let handle = client.create(f32_bytes(&[5.0]));
+    let lazy = block_on(client.read_lazy_async(handle.clone().copy_descriptor_bytes())).unwrap();
+    drop(handle);
+    assert_eq!(lazy.to_elems::<f32>(), vec![5.0], "the lazy bytes keep their source alive");
+}
+
+/// `staging` reads file-backed bytes now; `file_only` leaves other deferred bytes alone.
+pub fn staging_materializes<R: Runtime>(client: ComputeClient<R>) {
+    let path = std::env::temp_dir().join(format!(
+        "compute-staging-{}-{}",
+        R::name(),
+        std::process::id()
+    ));
+    std::fs::write(&path, [1u8, 2, 3, 4]).unwrap();
+    let mut file = Bytes::from_file(&path, 1, 3);
+    let mut lazy = Bytes::lazy(2, || Ok(Bytes::from_slice(&[5, 6])));
+    client.staging([&mut file, &mut lazy].into_iter(), true);
+    client.flush().unwrap();
+    std::fs::remove_file(&path).unwrap();
+    assert!(file.is_materialized());
+    assert_ne!(file.kind(), BytesKind::File);
+    assert!(!lazy.is_materialized());
+    client.staging([&mut lazy].into_iter(), false);
+    assert!(lazy.is_materialized());
+    let handle = client.create(file);
+    assert_eq!(&*client.read_one(handle).unwrap(), &[2, 3, 4]);
+    assert_eq!(&*lazy, &[5, 6]);
+}
+
+/// `get_resource` returns the storage behind a handle of this client.
+pub fn get_resource_of_own_handle<R: Runtime>(client: ComputeClient<R>) {
+    let handle = client.create(f32_bytes(&[1.0, 2.0]));
+    let resource = client.get_resource(handle.clone()).unwrap();
+    let debug = format!("{:?}", resource.resource());
+    assert!(!debug.is_empty());
+    drop(handle);
+    drop(resource);
+}

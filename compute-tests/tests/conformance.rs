@@ -1,0 +1,4 @@
+//! The conformance suite, instantiated for every backend enabled by features.
+
+#[cfg(feature = "cpu")]
+compute_tests::conformance_suite!(cpu, compute_cpu::CpuRuntime);

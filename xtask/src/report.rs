@@ -1,0 +1,196 @@
+//! The JSON report of `cargo xtask test-all` (`target/test-all.json`).
+
+use std::fs;
+use std::io;
+use std::path::Path;
+
+use serde::Serialize;
+
+use crate::libtest::Counts;
+
+/// Counts of the workspace's non-conformance tests.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct UnitReport {
+    /// Tests that passed.
+    pub passed: u64,
+    /// Tests that failed (a crashed or unbuildable run counts as one).
+    pub failed: u64,
+    /// Ignored tests.
+    pub skipped: u64,
+}
+
+impl From<Counts> for UnitReport {
+    fn from(c: Counts) -> Self {
+        Self {
+            passed: c.passed,
+            failed: c.failed,
+            skipped: c.skipped,
+        }
+    }
+}
+
+/// The result of one backend's conformance suite.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct BackendReport {
+    /// The backend name (`cpu`, `wgpu`, ...).
+    pub backend: String,
+    /// Tests that passed.
+    pub passed: u64,
+    /// Tests that failed (a crashed run counts one more).
+    pub failed: u64,
+    /// Ignored tests, or all tests of a skipped backend.
+    pub skipped: u64,
+    /// Why the backend was skipped; `null` when its suite ran.
+    pub reason: Option<String>,
+}
+
+impl BackendReport {
+    /// The human-readable line:
+    /// `backend NAME: N passed, N failed, N skipped[ (skipped: REASON)]`.
+    pub fn line(&self) -> String {
+        let mut line = format!(
+            "backend {}: {} passed, {} failed, {} skipped",
+            self.backend, self.passed, self.failed, self.skipped
+        );
+        if let Some(reason) = &self.reason {
+            line.push_str(&format!(" (skipped: {reason})"));
+        }
+        line
+    }
+}
+
+/// The whole `test-all.json`.
+#[derive(Debug, Clone, Serialize)]
+pub struct TestAllReport {
+    /// Workspace unit tests (everything outside the conformance suite).
+    pub unit: UnitReport,
+    /// One entry per built backend, in order.
+    pub backends: Vec<BackendReport>,
+    /// Every failure message, also printed on stderr.
+    pub failures: Vec<String>,
+    /// `true` when `failures` is empty (the exit code is 0).
+    pub ok: bool,
+}
+
+impl UnitReport {
+    /// `workspace unit tests: N passed, N failed, N skipped`.
+    pub fn line(&self) -> String {
+        format!(
+            "workspace unit tests: {} passed, {} failed, {} skipped",
+            self.passed, self.failed, self.skipped
+        )
+    }
+}
+
+/// Write the report as pretty JSON, creating the directory if needed.
+pub fn write(report: &TestAllReport, path: &Path) -> io::Result<()> {
+    if let Some(dir) = path.parent() {
+        fs::create_dir_all(dir)?;
+    }
+    let mut json = serde_json::to_string_pretty(report).map_err(io::Error::other)?;
+    json.push('\n');
+    fs::write(path, json)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn lines() {
+        let ran = BackendReport {
+            backend: "cpu".into(),
+            passed: 12,
+            failed: 1,
+            skipped: 3,
+            reason: None,
+        };
+        assert_eq!(ran.line(), "backend cpu: 12 passed, 1 failed, 3 skipped");
+        let skipped = BackendReport {
+            backend: "cuda".into(),
+            passed: 0,
+            failed: 0,
+            skipped: 15,
+            reason: Some("libcuda.so.1 not found".into()),
+        };
+        assert_eq!(
+            skipped.line(),
+            "backend cuda: 0 passed, 0 failed, 15 skipped (skipped: libcuda.so.1 not found)"
+        );
+        let unit = UnitReport {
+            passed: 40,
+            failed: 0,
+            skipped: 2,
+        };
+        assert_eq!(
+            unit.line(),
+            "workspace unit tests: 40 passed, 0 failed, 2 skipped"
+        );
+    }
+
+    #[test]
+    fn json_shape() {
+        let report = TestAllReport {
+            unit: UnitReport {
+                passed: 5,
+                failed: 0,
+                skipped: 1,
+            },
+            backends: vec![
+                BackendReport {
+                    backend: "cpu".into(),
+                    passed: 3,
+                    failed: 0,
+                    skipped: 0,
+                    reason: None,
+                },
+                BackendReport {
+                    backend: "wgpu".into(),
+                    passed: 0,
+                    failed: 0,
+                    skipped: 3,
+                    reason: Some("no adapter".into()),
+                },
+            ],
+            failures: vec![],
+            ok: true,
+        };
+        let value = serde_json::to_value(&report).unwrap();
+        assert_eq!(
+            value,
+            json!({
+                "unit": {"passed": 5, "failed": 0, "skipped": 1},
+                "backends": [
+                    {"backend": "cpu", "passed": 3, "failed": 0, "skipped": 0, "reason": null},
+                    {"backend": "wgpu", "passed": 0, "failed": 0, "skipped": 3, "reason": "no adapter"}
+                ],
+                "failures": [],
+                "ok": true
+            })
+        );
+    }
+
+    #[test]
+    fn write_creates_dir() {
+        let dir = std::env::temp_dir().join(format!("xtask-report-test-{}", std::process::id()));
+        let path = dir.join("sub").join("test-all.json");
+        let report = TestAllReport {
+            unit: UnitReport {
+                passed: 1,
+                failed: 0,
+                skipped: 0,
+            },
+            backends: vec![],
+            failures: vec!["x".into()],
+            ok: false,
+        };
+        write(&report, &path).unwrap();
+        let back: serde_json::Value =
+            serde_json::from_str(&fs::read_to_string(&path).unwrap()).unwrap();
+        assert_eq!(back["unit"]["passed"], 1);
+        assert_eq!(back["ok"], false);
+        assert_eq!(back["failures"][0], "x");
+        fs::remove_dir_all(&dir).unwrap();
+    }
+}

@@ -71,7 +71,8 @@ impl AlignedBuf {
         let layout = Self::layout(len);
         // SAFETY: the layout has a non-zero size.
         let raw = unsafe { std::alloc::alloc_zeroed(layout) };
-        let ptr = core::ptr::NonNull::new(raw).unwrap_or_else(|| std::alloc::handle_alloc_error(layout));
+        let ptr =
+            core::ptr::NonNull::new(raw).unwrap_or_else(|| std::alloc::handle_alloc_error(layout));
         Self { ptr, len }
     }
 
@@ -80,10 +81,14 @@ impl AlignedBuf {
         let layout = Self::layout(src.len());
         // SAFETY: the layout has a non-zero size.
         let raw = unsafe { std::alloc::alloc(layout) };
-        let ptr = core::ptr::NonNull::new(raw).unwrap_or_else(|| std::alloc::handle_alloc_error(layout));
+        let ptr =
+            core::ptr::NonNull::new(raw).unwrap_or_else(|| std::alloc::handle_alloc_error(layout));
         // SAFETY: `ptr` is a fresh allocation of at least `src.len()` bytes; the ranges are disjoint.
         unsafe { core::ptr::copy_nonoverlapping(src.as_ptr(), ptr.as_ptr(), src.len()) };
-        Self { ptr, len: src.len() }
+        Self {
+            ptr,
+            len: src.len(),
+        }
     }
 
     /// The bytes.
@@ -215,8 +220,12 @@ impl Bytes {
         }
     }
 
+    /// Whether there are no bytes. Does not trigger a deferred read.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
     /// Number of bytes. Does not trigger a deferred read.
-    #[allow(clippy::len_without_is_empty)]
     pub fn len(&self) -> usize {
         match &self.repr {
             Repr::Owned(buf) => buf.len,
@@ -416,7 +425,10 @@ mod tests {
         assert_eq!(b.kind(), BytesKind::Owned);
         assert_eq!(&*b, &[2, 3, 4, 5]);
         let missing = Bytes::from_file(path.join("nope"), 0, 1);
-        assert!(matches!(missing.try_as_slice(), Err(ServerError::InvalidArgument(_))));
+        assert!(matches!(
+            missing.try_as_slice(),
+            Err(ServerError::InvalidArgument(_))
+        ));
         std::fs::remove_file(path).unwrap();
     }
 

@@ -15,7 +15,9 @@ use crate::error::{ProfileError, ServerError};
 use crate::exclusive::ExclusiveGate;
 use crate::future::{DynFut, block_on};
 use crate::graph::Graph;
-use crate::handle::{CopyDescriptor, CubeCount, ExecutionMode, Handle, HandleOwner, KernelArguments};
+use crate::handle::{
+    CopyDescriptor, CubeCount, ExecutionMode, Handle, HandleOwner, KernelArguments,
+};
 use crate::layout::{MemoryLayout, MemoryLayoutDescriptor, Shape, contiguous_strides};
 use crate::memory::{MemoryAllocationMode, MemoryPoolsConfig, MemoryUsage, SliceHandle};
 use crate::profile::ProfileDuration;
@@ -324,7 +326,10 @@ impl<R: Runtime> ComputeClient<R> {
 
     /// Given a resource handle, returns the storage resource, once the work on this client's
     /// stream that uses it has finished. The resource keeps the allocation alive.
-    pub fn get_resource(&self, handle: Handle) -> Result<ManagedResource<Resource<R>>, ServerError> {
+    pub fn get_resource(
+        &self,
+        handle: Handle,
+    ) -> Result<ManagedResource<Resource<R>>, ServerError> {
         let stream = self.stream_id();
         self.take_error(stream)?;
         handle.clone().binding().check_owner(self.shared.owner)?;
@@ -360,7 +365,7 @@ impl<R: Runtime> ComputeClient<R> {
             let writes = layouts
                 .iter()
                 .zip(descriptors)
-                .filter(|(_, (_, bytes))| bytes.len() > 0)
+                .filter(|(_, (_, bytes))| !bytes.is_empty())
                 .map(|(layout, (_, bytes))| (layout.copy_descriptor(), bytes))
                 .collect::<Vec<_>>();
             if !writes.is_empty() {
@@ -388,7 +393,10 @@ impl<R: Runtime> ComputeClient<R> {
     /// Allocate a buffer holding `data`; errors are returned, not queued.
     pub fn try_create(&self, data: Bytes) -> Result<Handle, ServerError> {
         let descriptor = MemoryLayoutDescriptor::contiguous([data.len()], 1);
-        Ok(self.try_create_tensors(vec![(descriptor, data)])?.remove(0).memory)
+        Ok(self
+            .try_create_tensors(vec![(descriptor, data)])?
+            .remove(0)
+            .memory)
     }
 
     fn layouts_or_failed(
@@ -444,7 +452,7 @@ impl<R: Runtime> ComputeClient<R> {
             .check_owner(self.shared.owner)
             .and_then(|()| handle.clone().range(0, data.len() as u64))
             .and_then(|target| {
-                if data.len() == 0 {
+                if data.is_empty() {
                     return Ok(());
                 }
                 let descriptor = target.copy_descriptor_bytes();
@@ -827,6 +835,12 @@ impl<R: Runtime> ComputeClient<R> {
         })
     }
 
+    /// Memory usage of this client's stream only (the pools `memory_cleanup` acts on).
+    pub fn stream_memory_usage(&self) -> Result<MemoryUsage, ServerError> {
+        let stream = self.stream_id();
+        self.with_server(|s| s.memory_usage(stream))
+    }
+
     /// Get all devices of a specific type available to this runtime.
     pub fn enumerate_devices(&self, type_id: u16) -> Vec<DeviceId> {
         R::enumerate_devices(type_id)
@@ -857,7 +871,8 @@ impl<R: Runtime> ComputeClient<R> {
         self.with_server(|s| s.allocation_mode(mode, stream));
     }
 
-    /// Ask the client to release memory that it can release (free pages of this stream's pools).
+    /// Ask the client to release memory that it can release: the free pages of this stream's pools
+    /// (see [`stream_memory_usage`](Self::stream_memory_usage)).
     ///
     /// Results vary with what the allocator deems beneficial; it is not guaranteed that any memory
     /// is freed.

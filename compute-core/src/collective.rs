@@ -31,7 +31,9 @@ pub fn reduce_host(
     op: ReduceOperation,
 ) -> Result<Vec<u8>, ServerError> {
     let Some(first) = inputs.first() else {
-        return Err(ServerError::InvalidArgument("all_reduce over no device".into()));
+        return Err(ServerError::InvalidArgument(
+            "all_reduce over no device".into(),
+        ));
     };
     if let Some(bad) = inputs.iter().find(|i| i.len() != first.len()) {
         return Err(ServerError::InvalidArgument(format!(
@@ -47,66 +49,59 @@ pub fn reduce_host(
         )));
     }
     let n = inputs.len();
+    // Accumulate floats in f64 and integers in i128, then convert back (integers wrap, as the
+    // IR's integer arithmetic does).
     macro_rules! reduce_as {
-        ($t:ty, $to:expr, $from:expr) => {{
-            let views: Vec<Vec<$t>> = inputs.iter().map(|i| bytemuck::pod_collect_to_vec(i)).collect();
-            let len = views[0].len();
-            let mut out: Vec<$t> = Vec::with_capacity(len);
-            for e in 0..len {
-                let mut acc = $to(views[0][e]);
-                for v in &views[1..] {
-                    let x = $to(v[e]);
-                    acc = match op {
-                        ReduceOperation::Sum | ReduceOperation::Mean => acc + x,
-                        ReduceOperation::Max => if x > acc { x } else { acc },
-                        ReduceOperation::Min => if x < acc { x } else { acc },
-                    };
-                }
-                if op == ReduceOperation::Mean {
-                    acc = acc / $to(n_as::<$t>(n));
-                }
-                out.push($from(acc));
-            }
+        ($t:ty, $acc:ty, $to:expr, $from:expr) => {{
+            let views: Vec<Vec<$t>> = inputs
+                .iter()
+                .map(|i| bytemuck::pod_collect_to_vec(i))
+                .collect();
+            let out: Vec<$t> = (0..views[0].len())
+                .map(|e| {
+                    let mut acc: $acc = $to(views[0][e]);
+                    for v in &views[1..] {
+                        let x: $acc = $to(v[e]);
+                        acc = match op {
+                            ReduceOperation::Sum | ReduceOperation::Mean => acc + x,
+                            ReduceOperation::Max if x > acc => x,
+                            ReduceOperation::Min if x < acc => x,
+                            ReduceOperation::Max | ReduceOperation::Min => acc,
+                        };
+                    }
+                    if op == ReduceOperation::Mean {
+                        acc /= n as $acc;
+                    }
+                    $from(acc)
+                })
+                .collect();
             Ok(bytemuck::cast_slice(&out).to_vec())
         }};
     }
-    fn n_as<T: FromCount>(n: usize) -> T {
-        T::from_count(n)
+    macro_rules! int {
+        ($t:ty) => {
+            reduce_as!($t, i128, |x: $t| x as i128, |a: i128| a as $t)
+        };
     }
-    use core::convert::identity as id;
+    macro_rules! float {
+        ($t:ty, $to:expr, $from:expr) => {
+            reduce_as!($t, f64, $to, $from)
+        };
+    }
     match dtype {
-        ElemType::F32 => reduce_as!(f32, id, id),
-        ElemType::F64 => reduce_as!(f64, id, id),
-        ElemType::F16 => reduce_as!(half::f16, half::f16::to_f32, half::f16::from_f32),
-        ElemType::BF16 => reduce_as!(half::bf16, half::bf16::to_f32, half::bf16::from_f32),
-        ElemType::I8 => reduce_as!(i8, id, id),
-        ElemType::I16 => reduce_as!(i16, id, id),
-        ElemType::I32 => reduce_as!(i32, id, id),
-        ElemType::I64 => reduce_as!(i64, id, id),
-        ElemType::U8 => reduce_as!(u8, id, id),
-        ElemType::U16 => reduce_as!(u16, id, id),
-        ElemType::U32 => reduce_as!(u32, id, id),
-        ElemType::U64 => reduce_as!(u64, id, id),
+        ElemType::F32 => float!(f32, |x: f32| x as f64, |a: f64| a as f32),
+        ElemType::F64 => float!(f64, |x: f64| x, |a: f64| a),
+        ElemType::F16 => float!(half::f16, |x: half::f16| x.to_f64(), half::f16::from_f64),
+        ElemType::BF16 => float!(half::bf16, |x: half::bf16| x.to_f64(), half::bf16::from_f64),
+        ElemType::I8 => int!(i8),
+        ElemType::I16 => int!(i16),
+        ElemType::I32 => int!(i32),
+        ElemType::I64 => int!(i64),
+        ElemType::U8 => int!(u8),
+        ElemType::U16 => int!(u16),
+        ElemType::U32 => int!(u32),
+        ElemType::U64 => int!(u64),
         ElemType::Bool => Err(ServerError::Unsupported("all_reduce over bool".into())),
-    }
-}
-
-trait FromCount {
-    fn from_count(n: usize) -> Self;
-}
-
-macro_rules! from_count {
-    ($($t:ty),*) => { $(impl FromCount for $t { fn from_count(n: usize) -> Self { n as $t } })* };
-}
-from_count!(f32, f64, i8, i16, i32, i64, u8, u16, u32, u64);
-impl FromCount for half::f16 {
-    fn from_count(n: usize) -> Self {
-        half::f16::from_f32(n as f32)
-    }
-}
-impl FromCount for half::bf16 {
-    fn from_count(n: usize) -> Self {
-        half::bf16::from_f32(n as f32)
     }
 }
 
@@ -219,25 +214,45 @@ mod tests {
     fn reduce_ops() {
         let a = f32s(&[1.0, 2.0]);
         let b = f32s(&[3.0, -6.0]);
-        let sum = reduce_host(&[a.clone(), b.clone()], ElemType::F32, ReduceOperation::Sum).unwrap();
+        let sum =
+            reduce_host(&[a.clone(), b.clone()], ElemType::F32, ReduceOperation::Sum).unwrap();
         assert_eq!(bytemuck::cast_slice::<u8, f32>(&sum), &[4.0, -4.0]);
-        let mean = reduce_host(&[a.clone(), b.clone()], ElemType::F32, ReduceOperation::Mean).unwrap();
+        let mean = reduce_host(
+            &[a.clone(), b.clone()],
+            ElemType::F32,
+            ReduceOperation::Mean,
+        )
+        .unwrap();
         assert_eq!(bytemuck::cast_slice::<u8, f32>(&mean), &[2.0, -2.0]);
         let max = reduce_host(&[a, b], ElemType::F32, ReduceOperation::Max).unwrap();
         assert_eq!(bytemuck::cast_slice::<u8, f32>(&max), &[3.0, 2.0]);
         let ints = reduce_host(
-            &[bytemuck::cast_slice(&[7i32]).to_vec(), bytemuck::cast_slice(&[2i32]).to_vec()],
+            &[
+                bytemuck::cast_slice(&[7i32]).to_vec(),
+                bytemuck::cast_slice(&[2i32]).to_vec(),
+            ],
             ElemType::I32,
             ReduceOperation::Mean,
         )
         .unwrap();
         assert_eq!(bytemuck::pod_collect_to_vec::<u8, i32>(&ints), vec![4]);
-        assert!(reduce_host(&[vec![0; 4], vec![0; 8]], ElemType::F32, ReduceOperation::Sum).is_err());
+        assert!(
+            reduce_host(
+                &[vec![0; 4], vec![0; 8]],
+                ElemType::F32,
+                ReduceOperation::Sum
+            )
+            .is_err()
+        );
     }
 
     #[test]
     fn rendezvous_across_threads() {
-        let group = vec![DeviceId::new(9, 0), DeviceId::new(9, 1), DeviceId::new(9, 2)];
+        let group = vec![
+            DeviceId::new(9, 0),
+            DeviceId::new(9, 1),
+            DeviceId::new(9, 2),
+        ];
         let handles: Vec<_> = group
             .iter()
             .enumerate()
@@ -245,7 +260,14 @@ mod tests {
                 let group = group.clone();
                 std::thread::spawn(move || {
                     HostRendezvous::global()
-                        .all_reduce(&group, 0, d, f32s(&[i as f32]), ElemType::F32, ReduceOperation::Sum)
+                        .all_reduce(
+                            &group,
+                            0,
+                            d,
+                            f32s(&[i as f32]),
+                            ElemType::F32,
+                            ReduceOperation::Sum,
+                        )
                         .unwrap()
                 })
             })

@@ -63,17 +63,26 @@ impl ElemType {
 
     /// Whether the type is a floating-point type.
     pub const fn is_float(self) -> bool {
-        matches!(self, ElemType::F16 | ElemType::BF16 | ElemType::F32 | ElemType::F64)
+        matches!(
+            self,
+            ElemType::F16 | ElemType::BF16 | ElemType::F32 | ElemType::F64
+        )
     }
 
     /// Whether the type is a signed integer type.
     pub const fn is_signed_int(self) -> bool {
-        matches!(self, ElemType::I8 | ElemType::I16 | ElemType::I32 | ElemType::I64)
+        matches!(
+            self,
+            ElemType::I8 | ElemType::I16 | ElemType::I32 | ElemType::I64
+        )
     }
 
     /// Whether the type is an unsigned integer type.
     pub const fn is_unsigned_int(self) -> bool {
-        matches!(self, ElemType::U8 | ElemType::U16 | ElemType::U32 | ElemType::U64)
+        matches!(
+            self,
+            ElemType::U8 | ElemType::U16 | ElemType::U32 | ElemType::U64
+        )
     }
 
     /// Whether the type is an integer type (signed or unsigned).

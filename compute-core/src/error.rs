@@ -17,7 +17,9 @@ pub enum ServerError {
         reason: String,
     },
     /// A handle was used with a client of another device.
-    #[error("handle belongs to another server (device {found}), but was used with device {expected}")]
+    #[error(
+        "handle belongs to another server (device {found}), but was used with device {expected}"
+    )]
     WrongDevice {
         /// The device of the client the handle was used with.
         expected: DeviceId,

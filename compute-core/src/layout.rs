@@ -151,7 +151,7 @@ pub fn contiguous_strides(shape: &[usize]) -> Strides {
 /// Tensors of rank < 2, or whose element size does not divide the alignment, stay contiguous.
 pub fn pitched_strides(shape: &[usize], elem_size: usize, row_alignment: usize) -> Strides {
     let rank = shape.len();
-    if rank < 2 || elem_size == 0 || row_alignment % elem_size != 0 {
+    if rank < 2 || elem_size == 0 || !row_alignment.is_multiple_of(elem_size) {
         return contiguous_strides(shape);
     }
     let align_elems = row_alignment / elem_size;

@@ -12,7 +12,9 @@ use crate::elem::ElemType;
 use crate::error::{ProfileError, ServerError};
 use crate::future::DynFut;
 use crate::graph::GraphId;
-use crate::handle::{Binding, CopyDescriptor, CubeCount, ExecutionMode, HandleOwner, KernelArguments};
+use crate::handle::{
+    Binding, CopyDescriptor, CubeCount, ExecutionMode, HandleOwner, KernelArguments,
+};
 use crate::kernel::KernelDefinition;
 use crate::layout::{MemoryLayout, MemoryLayoutDescriptor};
 use crate::memory::{MemoryAllocationMode, MemoryPoolsConfig, MemoryUsage, PoolConfigError};
@@ -53,8 +55,11 @@ pub trait ComputeServer: Send + Sized + 'static {
 
     /// Enqueue host-to-device copies. `data` is compact (no padding); the descriptor's strides say
     /// where each row lands. Later work on `stream` sees the data.
-    fn write(&mut self, writes: Vec<(CopyDescriptor, Bytes)>, stream: StreamId)
-    -> Result<(), ServerError>;
+    fn write(
+        &mut self,
+        writes: Vec<(CopyDescriptor, Bytes)>,
+        stream: StreamId,
+    ) -> Result<(), ServerError>;
 
     /// Enqueue device-to-host copies, ordered after the work already on `stream` (and after the
     /// last use of each buffer on any other stream). Each result is compact (padding removed).

@@ -1,7 +1,7 @@
 //! The CPU server: per-stream workers, pools over host storage, a plan cache, graphs and
 //! host-staged collectives.
 
-use std::collections::BTreeSet;
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -16,7 +16,6 @@ use compute_core::memory::{
     PoolConfigError,
 };
 use compute_core::profile::ProfileToken;
-use compute_core::storage::ComputeStorage;
 use compute_core::{
     Binding, Bytes, BytesKind, ComputeServer, CopyDescriptor, CubeCount, DeviceId,
     DeviceProperties, ElemType, ExecutionMode, Handle, KernelArguments, MemoryLayout,
@@ -100,7 +99,10 @@ impl RecordedLaunch {
                 strides: &b.strides,
             })
             .collect();
-        self.plan.execute(count, &args, &self.scalars, self.checked)
+        // SAFETY: each resource stays alive through its binding in `self.buffers`; stream order and
+        // cross-stream waits ensure no other command touches these buffers meanwhile; unchecked
+        // launches come from `launch_unchecked`, whose caller promised in-range accesses.
+        unsafe { self.plan.execute(count, &args, &self.scalars, self.checked) }
     }
 
     fn bindings(&self) -> impl Iterator<Item = &Binding> {
@@ -127,8 +129,9 @@ pub struct CpuServer {
     graphs: HashMap<GraphId, CpuGraph>,
     profiles: HashMap<u64, Instant>,
     next_profile: u64,
-    comm_stream: StreamId,
-    collective_groups: BTreeSet<Vec<DeviceId>>,
+    /// One communication stream per collective group, like one NCCL communicator each: two
+    /// groups sharing a queue could deadlock (each device waiting in a different group's round).
+    comm_streams: BTreeMap<Vec<DeviceId>, StreamId>,
     collective_rounds: HashMap<Vec<DeviceId>, u64>,
 }
 
@@ -150,8 +153,7 @@ impl CpuServer {
             graphs: HashMap::new(),
             profiles: HashMap::new(),
             next_profile: 1,
-            comm_stream: StreamId::fresh(),
-            collective_groups: BTreeSet::new(),
+            comm_streams: BTreeMap::new(),
             collective_rounds: HashMap::new(),
         }
     }
@@ -163,9 +165,12 @@ impl CpuServer {
     fn stream(&mut self, id: StreamId) -> Result<&mut StreamState, ServerError> {
         if !self.streams.contains_key(&id) {
             let worker = Worker::spawn(format!("cpu{}-{}", self.device.index, id))?;
-            let memory =
-                MemoryManagement::new(CpuStorage::new(), &self.pool_config, self.memory_properties())
-                    .map_err(|e| ServerError::InvalidArgument(e.to_string()))?;
+            let memory = MemoryManagement::new(
+                CpuStorage::new(),
+                &self.pool_config,
+                self.memory_properties(),
+            )
+            .map_err(|e| ServerError::InvalidArgument(e.to_string()))?;
             self.streams.insert(
                 id,
                 StreamState {
@@ -209,12 +214,11 @@ impl CpuServer {
     ) -> Vec<(Arc<Progress>, u64)> {
         let mut waits = Vec::new();
         for binding in bindings {
-            if let Some(point) = binding.handle().access().last() {
-                if point.stream != stream {
-                    if let Some(other) = self.streams.get(&point.stream) {
-                        waits.push((other.worker.progress().clone(), point.seq));
-                    }
-                }
+            if let Some(point) = binding.handle().access().last()
+                && point.stream != stream
+                && let Some(other) = self.streams.get(&point.stream)
+            {
+                waits.push((other.worker.progress().clone(), point.seq));
             }
         }
         waits
@@ -231,7 +235,10 @@ impl CpuServer {
         let state = self.stream(stream)?;
         let seq = state.worker.submit(waits, command);
         for binding in bindings {
-            binding.handle().access().replace(StreamPoint { stream, seq });
+            binding
+                .handle()
+                .access()
+                .replace(StreamPoint { stream, seq });
         }
         Ok(seq)
     }
@@ -327,7 +334,13 @@ unsafe fn scatter_rows(src: &[u8], dst: *mut u8, shape: &[usize], strides: &[usi
 ///
 /// # Safety
 /// `src` must be valid for reads over the whole strided span of the tensor.
-unsafe fn gather_rows(src: *const u8, dst: &mut [u8], shape: &[usize], strides: &[usize], elem: usize) {
+unsafe fn gather_rows(
+    src: *const u8,
+    dst: &mut [u8],
+    shape: &[usize],
+    strides: &[usize],
+    elem: usize,
+) {
     if strides == contiguous_strides(shape).0.as_slice() {
         // SAFETY: layouts coincide; `src` holds `dst.len()` bytes (caller contract).
         unsafe { core::ptr::copy_nonoverlapping(src, dst.as_mut_ptr(), dst.len()) };
@@ -335,7 +348,9 @@ unsafe fn gather_rows(src: *const u8, dst: &mut [u8], shape: &[usize], strides: 
     }
     for_each_row(shape, strides, elem, |strided, compact, len| {
         // SAFETY: every row lies inside the strided span (caller contract); `dst` is compact.
-        unsafe { core::ptr::copy_nonoverlapping(src.add(strided), dst[compact..].as_mut_ptr(), len) };
+        unsafe {
+            core::ptr::copy_nonoverlapping(src.add(strided), dst[compact..].as_mut_ptr(), len)
+        };
     });
 }
 
@@ -480,7 +495,15 @@ impl ComputeServer for CpuServer {
                 .map(|(d, src)| {
                     let mut buf = compute_core::bytes::AlignedBuf::zeroed(d.compact_size());
                     // SAFETY: `validate` checked the span fits the bound memory, kept alive by `d`.
-                    unsafe { gather_rows(src.ptr(), buf.as_mut_slice(), &d.shape, &d.strides, d.elem_size) };
+                    unsafe {
+                        gather_rows(
+                            src.ptr(),
+                            buf.as_mut_slice(),
+                            &d.shape,
+                            &d.strides,
+                            d.elem_size,
+                        )
+                    };
                     Bytes::from_aligned(buf)
                 })
                 .collect();
@@ -500,10 +523,10 @@ impl ComputeServer for CpuServer {
         stream: StreamId,
     ) -> Result<CpuResource, ServerError> {
         let resource = self.resolve(&binding)?;
-        if let Some(point) = binding.handle().access().last() {
-            if let Some(other) = self.streams.get(&point.stream) {
-                other.worker.progress().wait_for(point.seq);
-            }
+        if let Some(point) = binding.handle().access().last()
+            && let Some(other) = self.streams.get(&point.stream)
+        {
+            other.worker.progress().wait_for(point.seq);
         }
         self.stream(stream)?.worker.wait_idle();
         Ok(resource)
@@ -699,10 +722,9 @@ impl ComputeServer for CpuServer {
         stream: StreamId,
     ) -> DynFut<Result<ProfileDuration, ProfileError>> {
         let Some(start) = self.profiles.remove(&token.id) else {
-            return Box::pin(core::future::ready(Err(ProfileError::Unavailable(format!(
-                "profile token {} was not started on this server",
-                token.id
-            )))));
+            return Box::pin(core::future::ready(Err(ProfileError::Unavailable(
+                format!("profile token {} was not started on this server", token.id),
+            ))));
         };
         let done = self.sync(stream);
         Box::pin(async move {
@@ -720,7 +742,9 @@ impl ComputeServer for CpuServer {
         _stream: StreamId,
     ) -> Result<(), ServerError> {
         let group = self.check_group(devices)?;
-        self.collective_groups.insert(group);
+        self.comm_streams
+            .entry(group)
+            .or_insert_with(StreamId::fresh);
         Ok(())
     }
 
@@ -734,12 +758,12 @@ impl ComputeServer for CpuServer {
         _stream: StreamId,
     ) -> Result<(), ServerError> {
         let group = self.check_group(&devices)?;
-        if !self.collective_groups.contains(&group) {
+        let Some(&comm) = self.comm_streams.get(&group) else {
             return Err(ServerError::InvalidArgument(format!(
                 "all_reduce over {group:?} before ensure_init_collective for that group"
             )));
-        }
-        if src.size() != dst.size() || src.size() % dtype.size() as u64 != 0 {
+        };
+        if src.size() != dst.size() || !src.size().is_multiple_of(dtype.size() as u64) {
             return Err(ServerError::InvalidArgument(format!(
                 "all_reduce from {} to {} bytes of {dtype}",
                 src.size(),
@@ -752,7 +776,6 @@ impl ComputeServer for CpuServer {
         *round += 1;
         let round = *round;
         let me = self.owner.device;
-        let comm = self.comm_stream;
         let (keep_src, keep_dst) = (src.clone(), dst.clone());
         let command: Command = Box::new(move || {
             let _alive = (&keep_src, &keep_dst);
@@ -768,8 +791,14 @@ impl ComputeServer for CpuServer {
     }
 
     fn sync_collective(&mut self, _stream: StreamId) -> DynFut<Result<(), ServerError>> {
-        let comm = self.comm_stream;
-        self.sync_marker(comm)
+        let comms: Vec<StreamId> = self.comm_streams.values().copied().collect();
+        let markers: Vec<_> = comms.into_iter().map(|c| self.sync_marker(c)).collect();
+        Box::pin(async move {
+            for marker in markers {
+                marker.await?;
+            }
+            Ok(())
+        })
     }
 }
 

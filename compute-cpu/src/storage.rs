@@ -2,8 +2,8 @@
 
 use std::alloc::Layout;
 
-use compute_core::storage::{ComputeStorage, StorageHandle, StorageId, StorageUtilization};
 use compute_core::ServerError;
+use compute_core::storage::{ComputeStorage, StorageHandle, StorageId, StorageUtilization};
 use hashbrown::HashMap;
 
 /// Alignment of CPU storage blocks and of slice offsets inside them.
@@ -69,7 +69,10 @@ impl ComputeStorage for CpuStorage {
 
     fn get(&mut self, handle: &StorageHandle) -> Option<CpuResource> {
         let block = self.blocks.get(&handle.id)?;
-        let end = handle.utilization.offset.checked_add(handle.utilization.size)?;
+        let end = handle
+            .utilization
+            .offset
+            .checked_add(handle.utilization.size)?;
         if end as usize > block.layout.size() {
             return None;
         }

@@ -94,11 +94,6 @@ impl Worker {
         seq
     }
 
-    /// Sequence number of the last submitted command.
-    pub(crate) fn submitted(&self) -> u64 {
-        self.submitted
-    }
-
     /// The worker's progress, to wait on from other streams.
     pub(crate) fn progress(&self) -> &Arc<Progress> {
         &self.progress

@@ -11,6 +11,7 @@ pub struct BackendEntry {
 }
 
 /// Every backend enabled by this build's features.
+#[allow(clippy::vec_init_then_push)]
 pub fn enabled() -> Vec<BackendEntry> {
     #[allow(unused_mut)]
     let mut list = Vec::new();

@@ -7,6 +7,7 @@
 //! Tests a backend cannot pass are declared, with a reason, in [`expectations`].
 
 pub mod backends;
+pub mod bench;
 pub mod expectations;
 pub mod kernels;
 pub mod suite;

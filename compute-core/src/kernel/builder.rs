@@ -237,7 +237,13 @@ impl KernelBuilder {
     }
 
     /// A global buffer with an explicit access mode.
-    pub fn buffer(&mut self, name: &str, elem: ElemType, vector_width: u8, access: Access) -> Buffer {
+    pub fn buffer(
+        &mut self,
+        name: &str,
+        elem: ElemType,
+        vector_width: u8,
+        access: Access,
+    ) -> Buffer {
         self.check_width(name, vector_width);
         self.check_unique(name);
         let index = self.def.buffers.len() as u32;
@@ -563,11 +569,21 @@ impl KernelBuilder {
         if !self.use_value(op, dim) || !self.check_index(op, dim) {
             return self.poison(u32_item);
         }
-        let name = format!("{op}({}, {})", self.def.buffers[b as usize].name, self.name_of(dim));
+        let name = format!(
+            "{op}({}, {})",
+            self.def.buffers[b as usize].name,
+            self.name_of(dim)
+        );
         let ir = if op == "shape" {
-            Op::Shape { buffer: b, dim: dim.id() }
+            Op::Shape {
+                buffer: b,
+                dim: dim.id(),
+            }
         } else {
-            Op::Stride { buffer: b, dim: dim.id() }
+            Op::Stride {
+                buffer: b,
+                dim: dim.id(),
+            }
         };
         self.define(u32_item, ir, name)
     }
@@ -712,7 +728,12 @@ impl KernelBuilder {
         if !a.item.elem.is_float() {
             return self.elem_error("fma", a);
         }
-        let desc = format!("fma({}, {}, {})", self.name_of(a), self.name_of(b), self.name_of(c));
+        let desc = format!(
+            "fma({}, {}, {})",
+            self.name_of(a),
+            self.name_of(b),
+            self.name_of(c)
+        );
         self.define(a.item, Op::Fma(a.id(), b.id(), c.id()), desc)
     }
 
@@ -784,8 +805,15 @@ impl KernelBuilder {
         if !self.use_value("bitcast", x) {
             return self.poison(fallback);
         }
-        if bytes % elem.size() != 0 || !VECTOR_WIDTHS.contains(&(width as u8)) || width > 16 {
-            let detail = format!("{} (`{}`) has no {elem} vector of the same size", x.item, self.name_of(x));
+        if !bytes.is_multiple_of(elem.size())
+            || !VECTOR_WIDTHS.contains(&(width as u8))
+            || width > 16
+        {
+            let detail = format!(
+                "{} (`{}`) has no {elem} vector of the same size",
+                x.item,
+                self.name_of(x)
+            );
             self.type_error("bitcast", detail);
             return self.poison(fallback);
         }
@@ -804,7 +832,11 @@ impl KernelBuilder {
             return self.poison(out);
         }
         if x.item.width != 1 || !VECTOR_WIDTHS.contains(&width) {
-            let detail = format!("cannot splat {} (`{}`) to width {width}", x.item, self.name_of(x));
+            let detail = format!(
+                "cannot splat {} (`{}`) to width {width}",
+                x.item,
+                self.name_of(x)
+            );
             self.type_error("splat", detail);
             return self.poison(out);
         }
@@ -864,10 +896,17 @@ impl KernelBuilder {
             || parts.iter().any(|p| p.item != Item::scalar(elem))
         {
             let types: Vec<String> = parts.iter().map(|p| p.item.to_string()).collect();
-            self.type_error("vector", format!("cannot make a vector of [{}]", types.join(", ")));
+            self.type_error(
+                "vector",
+                format!("cannot make a vector of [{}]", types.join(", ")),
+            );
             return self.poison(out);
         }
-        self.define(out, Op::Vector(parts.iter().map(|p| p.id()).collect()), "vector".into())
+        self.define(
+            out,
+            Op::Vector(parts.iter().map(|p| p.id()).collect()),
+            "vector".into(),
+        )
     }
 
     // ----- atomics, barrier, plane -----
@@ -917,13 +956,22 @@ impl KernelBuilder {
             return self.poison(value.item);
         };
         if matches!(mem, MemRef::Local(_)) {
-            self.type_error(name, format!("`{}` is a local array, atomics need global or shared memory", self.mem_name(mem)));
+            self.type_error(
+                name,
+                format!(
+                    "`{}` is a local array, atomics need global or shared memory",
+                    self.mem_name(mem)
+                ),
+            );
             return self.poison(item);
         }
         if op != AtomicOp::Load && !self.check_writable(name, mem) {
             return self.poison(item);
         }
-        if !self.use_value(name, index) || !self.use_value(name, value) || !self.check_index(name, index) {
+        if !self.use_value(name, index)
+            || !self.use_value(name, value)
+            || !self.check_index(name, index)
+        {
             return self.poison(item);
         }
         if let Some(c) = compare {
@@ -931,13 +979,21 @@ impl KernelBuilder {
                 return self.poison(item);
             }
             if c.item != item {
-                let detail = format!("the expected value `{}` is {}, `{}` holds {item}", self.name_of(c), c.item, self.mem_name(mem));
+                let detail = format!(
+                    "the expected value `{}` is {}, `{}` holds {item}",
+                    self.name_of(c),
+                    c.item,
+                    self.mem_name(mem)
+                );
                 self.type_error(name, detail);
                 return self.poison(item);
             }
         }
         let e = item.elem;
-        let int = matches!(e, ElemType::I32 | ElemType::U32 | ElemType::I64 | ElemType::U64);
+        let int = matches!(
+            e,
+            ElemType::I32 | ElemType::U32 | ElemType::I64 | ElemType::U64
+        );
         let ok = item.width == 1
             && match op {
                 AtomicOp::Load | AtomicOp::Store | AtomicOp::Exchange | AtomicOp::Add => {
@@ -946,12 +1002,20 @@ impl KernelBuilder {
                 _ => int,
             };
         if !ok {
-            let detail = format!("`{}` holds {item}, not a supported atomic type", self.mem_name(mem));
+            let detail = format!(
+                "`{}` holds {item}, not a supported atomic type",
+                self.mem_name(mem)
+            );
             self.type_error(name, detail);
             return self.poison(item);
         }
         if value.item != item {
-            let detail = format!("operand `{}` is {}, `{}` holds {item}", self.name_of(value), value.item, self.mem_name(mem));
+            let detail = format!(
+                "operand `{}` is {}, `{}` holds {item}",
+                self.name_of(value),
+                value.item,
+                self.mem_name(mem)
+            );
             self.type_error(name, detail);
             return self.poison(item);
         }
@@ -1003,14 +1067,23 @@ impl KernelBuilder {
         self.plane_exchange("plane_shuffle", x, lane)
     }
 
-    fn plane_exchange(&mut self, name: &'static str, x: impl IntoValue, lane: impl IntoValue) -> Value {
+    fn plane_exchange(
+        &mut self,
+        name: &'static str,
+        x: impl IntoValue,
+        lane: impl IntoValue,
+    ) -> Value {
         let x = x.into_value(self);
         let lane = lane.into_value(self);
         if !self.use_value(name, x) || !self.use_value(name, lane) {
             return self.poison(x.item);
         }
         if lane.item != Item::scalar(ElemType::U32) {
-            let detail = format!("the lane `{}` is {}, expected u32", self.name_of(lane), lane.item);
+            let detail = format!(
+                "the lane `{}` is {}, expected u32",
+                self.name_of(lane),
+                lane.item
+            );
             self.type_error(name, detail);
             return self.poison(x.item);
         }
@@ -1078,7 +1151,12 @@ impl KernelBuilder {
         let end = end.into_value(self);
         let step = step.into_value(self);
         let mut ok = [start, end, step].iter().all(|&v| self.use_value(op, v));
-        if ok && (start.item.width != 1 || !start.item.elem.is_int() || end.item != start.item || step.item != start.item) {
+        if ok
+            && (start.item.width != 1
+                || !start.item.elem.is_int()
+                || end.item != start.item
+                || step.item != start.item)
+        {
             let detail = format!(
                 "start, end and step must be integer scalars of one type, got {} (`{}`), {} (`{}`), {} (`{}`)",
                 start.item,
@@ -1212,7 +1290,11 @@ impl KernelBuilder {
     }
 
     fn elem_error(&mut self, op: &str, x: Value) -> Value {
-        let detail = format!("`{}` is {}, which `{op}` does not take", self.name_of(x), x.item);
+        let detail = format!(
+            "`{}` is {}, which `{op}` does not take",
+            self.name_of(x),
+            x.item
+        );
         self.type_error(op, detail);
         self.poison(x.item)
     }
@@ -1234,7 +1316,10 @@ impl KernelBuilder {
 
     fn check_width(&mut self, name: &str, width: u8) {
         if !VECTOR_WIDTHS.contains(&width) {
-            self.declaration_error(name, format!("vector width {width} is not 1, 2, 4, 8 or 16"));
+            self.declaration_error(
+                name,
+                format!("vector width {width} is not 1, 2, 4, 8 or 16"),
+            );
         }
     }
 
@@ -1292,7 +1377,11 @@ impl KernelBuilder {
 
     fn check_index(&mut self, op: &str, index: Value) -> bool {
         if index.item.width != 1 || !index.item.elem.is_int() {
-            let detail = format!("the index `{}` is {}, expected an integer scalar", self.name_of(index), index.item);
+            let detail = format!(
+                "the index `{}` is {}, expected an integer scalar",
+                self.name_of(index),
+                index.item
+            );
             self.type_error(op, detail);
             return false;
         }
@@ -1301,7 +1390,11 @@ impl KernelBuilder {
 
     fn check_condition(&mut self, op: &str, cond: Value) -> bool {
         if cond.item != Item::scalar(ElemType::Bool) {
-            let detail = format!("the condition `{}` is {}, expected bool", self.name_of(cond), cond.item);
+            let detail = format!(
+                "the condition `{}` is {}, expected bool",
+                self.name_of(cond),
+                cond.item
+            );
             self.type_error(op, detail);
             return false;
         }
@@ -1342,7 +1435,11 @@ impl KernelBuilder {
 
     fn memory(&mut self, op: &str, mem: impl Memory) -> Option<(Item, MemRef)> {
         let (tag, m) = mem.mem_ref();
-        let item = if tag == self.tag { self.mem_item(m) } else { None };
+        let item = if tag == self.tag {
+            self.mem_item(m)
+        } else {
+            None
+        };
         if item.is_none() {
             let (what, index) = match m {
                 MemRef::Global(i) => ("buffer", i),

@@ -87,7 +87,10 @@ impl KernelDefinition {
 
     /// Bytes of shared memory one cube uses (each array rounded up to 16 bytes).
     pub fn shared_memory_bytes(&self) -> usize {
-        self.shared.iter().map(|s| s.size_bytes().next_multiple_of(16)).sum()
+        self.shared
+            .iter()
+            .map(|s| s.size_bytes().next_multiple_of(16))
+            .sum()
     }
 
     /// The kernel's stable id: the same kernel has the same id in every process, on every platform.

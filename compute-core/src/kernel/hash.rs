@@ -83,7 +83,7 @@ macro_rules! prim {
     };
 }
 
-impl<'a> ser::Serializer for &'a mut Fnv128 {
+impl ser::Serializer for &mut Fnv128 {
     type Ok = ();
     type Error = HashError;
     type SerializeSeq = Self;
@@ -263,7 +263,7 @@ compound!(
     SerializeTupleVariant::serialize_field
 );
 
-impl<'a> ser::SerializeMap for &'a mut Fnv128 {
+impl ser::SerializeMap for &mut Fnv128 {
     type Ok = ();
     type Error = HashError;
     fn serialize_key<T: ?Sized + Serialize>(&mut self, key: &T) -> Result<(), HashError> {
@@ -277,7 +277,7 @@ impl<'a> ser::SerializeMap for &'a mut Fnv128 {
     }
 }
 
-impl<'a> ser::SerializeStruct for &'a mut Fnv128 {
+impl ser::SerializeStruct for &mut Fnv128 {
     type Ok = ();
     type Error = HashError;
     fn serialize_field<T: ?Sized + Serialize>(
@@ -292,7 +292,7 @@ impl<'a> ser::SerializeStruct for &'a mut Fnv128 {
     }
 }
 
-impl<'a> ser::SerializeStructVariant for &'a mut Fnv128 {
+impl ser::SerializeStructVariant for &mut Fnv128 {
     type Ok = ();
     type Error = HashError;
     fn serialize_field<T: ?Sized + Serialize>(

@@ -106,7 +106,10 @@ impl UnaryOp {
 
     /// Whether the operation is a float-only math function.
     pub const fn is_float_math(self) -> bool {
-        !matches!(self, UnaryOp::Neg | UnaryOp::Abs | UnaryOp::Not | UnaryOp::BitNot)
+        !matches!(
+            self,
+            UnaryOp::Neg | UnaryOp::Abs | UnaryOp::Not | UnaryOp::BitNot
+        )
     }
 }
 

@@ -49,7 +49,9 @@ pub use builder::{Buffer, IntoValue, KernelBuilder, LocalArray, Memory, SharedAr
 pub use definition::{BufferLaunchInfo, KernelDefinition};
 pub use error::BuildError;
 pub use hash::KernelId;
-pub use ir::{AtomicOp, BinaryOp, Block, CmpOp, MemRef, Op, PlaneOp, Stmt, UnaryOp, ValueId, VarId};
+pub use ir::{
+    AtomicOp, BinaryOp, Block, CmpOp, MemRef, Op, PlaneOp, Stmt, UnaryOp, ValueId, VarId,
+};
 pub use scalar::ScalarValue;
 pub use types::{
     Access, BufferDecl, Builtin, Item, LocalArrayDecl, ScalarDecl, SharedDecl, VECTOR_WIDTHS,

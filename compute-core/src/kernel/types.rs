@@ -35,7 +35,10 @@ impl Item {
 
     /// The same width with another element type.
     pub const fn with_elem(self, elem: ElemType) -> Self {
-        Self { elem, width: self.width }
+        Self {
+            elem,
+            width: self.width,
+        }
     }
 }
 

@@ -282,7 +282,10 @@ impl MemoryPoolsConfig {
     ///
     /// # Errors
     /// A [`PoolConfigError`] naming the first rule the layout breaks.
-    pub fn resolve(&self, props: &MemoryDeviceProperties) -> Result<Vec<PoolSpec>, PoolConfigError> {
+    pub fn resolve(
+        &self,
+        props: &MemoryDeviceProperties,
+    ) -> Result<Vec<PoolSpec>, PoolConfigError> {
         let pools = match self {
             MemoryPoolsConfig::Preset(preset) => preset.pools(props)?,
             MemoryPoolsConfig::Explicit(pools) => pools.clone(),

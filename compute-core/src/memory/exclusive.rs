@@ -119,15 +119,23 @@ impl ExclusivePool {
         handle
     }
 
-    fn take_free(&mut self, size: u64, padded: u64) -> Option<SliceHandle> {
+    /// The smallest known free block the [`Reuse`] rule lets a request of `padded` bytes take.
+    fn find_free(&self, padded: u64) -> Option<(u64, StorageId)> {
         let &(block_size, id) = self.free.range((padded, StorageId(0))..).next()?;
-        let fits = match self.reuse {
+        let allowed = match self.reuse {
             Reuse::UpToTwice => block_size <= padded.saturating_mul(2),
             Reuse::Exact => block_size == padded,
         };
-        if !fits {
-            return None;
-        }
+        allowed.then_some((block_size, id))
+    }
+
+    /// Whether some known free block may serve a request of `padded` bytes.
+    fn fits(&self, padded: u64) -> bool {
+        self.find_free(padded).is_some()
+    }
+
+    fn take_free(&mut self, size: u64, padded: u64) -> Option<SliceHandle> {
+        let (block_size, id) = self.find_free(padded)?;
         self.free.remove(&(block_size, id));
         Some(self.hand_out(id, size))
     }
@@ -151,7 +159,10 @@ impl<S: ComputeStorage> Pool<S> for ExclusivePool {
         if self.max_alloc_size == u64::MAX {
             self.name.to_string()
         } else {
-            format!("{} (allocations up to {} bytes)", self.name, self.max_alloc_size)
+            format!(
+                "{} (allocations up to {} bytes)",
+                self.name, self.max_alloc_size
+            )
         }
     }
 
@@ -165,14 +176,21 @@ impl<S: ComputeStorage> Pool<S> for ExclusivePool {
         if let Some(handle) = self.take_free(size, padded) {
             return Some(handle);
         }
-        let freed = self.slices.sweep_all();
-        if self.reclaim(freed) > 0 {
-            return self.take_free(size, padded);
-        }
-        None
+        let mut slices = core::mem::replace(&mut self.slices, Tracker::new());
+        slices.sweep_until(|freed| {
+            self.reclaim(freed);
+            self.fits(padded)
+        });
+        self.slices = slices;
+        self.take_free(size, padded)
     }
 
-    fn alloc(&mut self, storage: &mut S, size: u64, padded: u64) -> Result<SliceHandle, AllocError> {
+    fn alloc(
+        &mut self,
+        storage: &mut S,
+        size: u64,
+        padded: u64,
+    ) -> Result<SliceHandle, AllocError> {
         if let Some(cap) = self.cap
             && self.reserved.saturating_add(padded) > cap
         {

@@ -24,7 +24,7 @@ enum Target {
     Persistent,
 }
 
-type DynPool<S> = Box<dyn Pool<S> + Send>;
+type DynPool<S> = Box<dyn Pool<S> + Send + Sync>;
 
 /// Memory management of one stream: pools of slices over one [`ComputeStorage`].
 ///

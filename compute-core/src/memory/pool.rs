@@ -12,9 +12,6 @@ use super::{MemoryUsage, SliceHandle, SliceId};
 /// Below this many tracked slices, no full sweep is run just because of their number.
 const MIN_SWEEP: usize = 32;
 
-/// A young generation this long is swept before the next reservation.
-const YOUNG_MAX: usize = 64;
-
 /// Which free pages (or blocks) a release returns to the driver.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Release {
@@ -71,7 +68,8 @@ pub(super) trait Pool<S: ComputeStorage> {
     fn try_reserve(&mut self, size: u64, padded: u64) -> Option<SliceHandle>;
 
     /// Get a new block from the storage and serve the request from it.
-    fn alloc(&mut self, storage: &mut S, size: u64, padded: u64) -> Result<SliceHandle, AllocError>;
+    fn alloc(&mut self, storage: &mut S, size: u64, padded: u64)
+    -> Result<SliceHandle, AllocError>;
 
     /// Called after each reservation the pool served: applies the dealloc period.
     fn after_reserve(&mut self, storage: &mut S);
@@ -142,21 +140,37 @@ pub(super) trait Tracked {
     fn handle(&self) -> &SliceHandle;
 }
 
+/// The shortest period, in reservations, of the periodic window sweeps; each longer period is
+/// [`WINDOW_GROWTH`] times the one before.
+const FIRST_PERIOD: u64 = 16;
+
+/// Ratio between the periods (and the windows) of successive window sweeps.
+const WINDOW_GROWTH: u64 = 8;
+
 /// The slices of a pool, and how the freed ones are found.
 ///
-/// Nothing tells a pool that a handle was dropped, so freed slices are found by sweeps that check
-/// the handles' reference counts. Two generations keep the sweeps cheap:
-/// - the *young* slices (handed out since the last sweep) are swept when the latest of them is
-///   already free (the usual case for temporaries: a round of work whose slices were all dropped
-///   is reclaimed whole before the next round places anything, so a repeated round reuses the
-///   same memory) or when there are [`YOUNG_MAX`] of them; amortised `O(1)` per reservation;
-/// - all slices are swept when no known free memory fits a request (before any new block is
-///   asked for), when a release runs, and when the number of tracked slices doubled since the
-///   last full sweep.
+/// Nothing tells a pool that a handle was dropped, so freed slices are found by checking the
+/// handles' reference counts. The slices are logged in the order they were handed out, and the
+/// recent end of the log, where temporaries die, is checked most often:
+/// - before each reservation, freed slices at the end of the log are popped (this costs one check
+///   plus one per slice found). A round of work whose slices were all dropped is thus reclaimed
+///   whole before the next round places anything, so a repeated round reuses the same memory;
+/// - every 16 reservations the last 32 entries are checked, every 128 the last 256, and so on
+///   (each level 8 times the one before): slices kept in flight a little while are found after a
+///   delay proportional to their lifetime, at an amortised cost of two checks per level per
+///   reservation;
+/// - when no known free memory fits a request, windows of growing size are checked until a fit
+///   appears, ending with the whole pool before any new block is asked for;
+/// - the whole pool is also checked by a release, and when the number of tracked slices doubled
+///   since the last full check.
 #[derive(Debug)]
 pub(super) struct Tracker<T> {
     slices: HashMap<SliceId, T>,
-    young: Vec<SliceId>,
+    /// Ids in the order they were handed out; ids no longer in `slices` are tombstones.
+    log: Vec<SliceId>,
+    /// Reservations attempted so far (the clock of the window sweeps).
+    tick: u64,
+    /// Run a full sweep before serving once this many slices are tracked.
     sweep_at: usize,
 }
 
@@ -164,7 +178,8 @@ impl<T: Tracked> Tracker<T> {
     pub(super) fn new() -> Self {
         Tracker {
             slices: HashMap::new(),
-            young: Vec::new(),
+            log: Vec::new(),
+            tick: 0,
             sweep_at: MIN_SWEEP,
         }
     }
@@ -172,17 +187,25 @@ impl<T: Tracked> Tracker<T> {
     /// Track a slice just handed out.
     pub(super) fn insert(&mut self, id: SliceId, slice: T) {
         self.slices.insert(id, slice);
-        self.young.push(id);
+        self.log.push(id);
+        if self.log.len() > 2 * self.slices.len() + MIN_SWEEP {
+            let slices = &self.slices;
+            self.log.retain(|id| slices.contains_key(id));
+        }
     }
 
     /// A live slice.
     pub(super) fn get(&self, id: SliceId) -> Option<&T> {
-        self.slices.get(&id).filter(|slice| !slice.handle().is_free())
+        self.slices
+            .get(&id)
+            .filter(|slice| !slice.handle().is_free())
     }
 
     /// The live slices.
     pub(super) fn live(&self) -> impl Iterator<Item = &T> {
-        self.slices.values().filter(|slice| !slice.handle().is_free())
+        self.slices
+            .values()
+            .filter(|slice| !slice.handle().is_free())
     }
 
     /// Whether some slice is live.
@@ -190,47 +213,80 @@ impl<T: Tracked> Tracker<T> {
         self.live().next().is_some()
     }
 
-    /// The cheap sweep run before each reservation: the freed slices it found, untracked.
+    /// Untrack `id` if its slice is free.
+    fn take_if_free(&mut self, id: SliceId, freed: &mut Vec<T>) {
+        if self
+            .slices
+            .get(&id)
+            .is_some_and(|slice| slice.handle().is_free())
+        {
+            freed.extend(self.slices.remove(&id));
+        }
+    }
+
+    /// The sweep run before each reservation: the freed slices it found, untracked.
     pub(super) fn sweep_cheap(&mut self) -> Vec<T> {
         if self.slices.len() >= self.sweep_at {
             return self.sweep_all();
         }
-        let latest_free = self
-            .young
-            .last()
-            .and_then(|id| self.slices.get(id))
-            .is_some_and(|slice| slice.handle().is_free());
-        if latest_free || self.young.len() >= YOUNG_MAX {
-            return self.sweep_young();
-        }
-        Vec::new()
-    }
-
-    /// Untrack and return the freed young slices; the others become old.
-    fn sweep_young(&mut self) -> Vec<T> {
         let mut freed = Vec::new();
-        for id in self.young.drain(..) {
-            if self
-                .slices
-                .get(&id)
-                .is_some_and(|slice| slice.handle().is_free())
-                && let Some(slice) = self.slices.remove(&id)
-            {
-                freed.push(slice);
+        while let Some(&id) = self.log.last() {
+            match self.slices.get(&id) {
+                Some(slice) if !slice.handle().is_free() => break,
+                _ => {
+                    self.log.pop();
+                    self.take_if_free(id, &mut freed);
+                }
             }
+        }
+        self.tick += 1;
+        let mut period = FIRST_PERIOD;
+        while self.tick.is_multiple_of(period) {
+            self.sweep_window(2 * period as usize, &mut freed);
+            if 2 * period as usize >= self.log.len() {
+                break;
+            }
+            period *= WINDOW_GROWTH;
         }
         freed
     }
 
-    /// Untrack and return every freed slice. The young generation is kept as it is (the ids
-    /// swept away are skipped later), so the next young sweep still sees every slice handed out
-    /// since the last one.
+    /// Check the last `window` entries of the log.
+    fn sweep_window(&mut self, window: usize, freed: &mut Vec<T>) {
+        let start = self.log.len().saturating_sub(window);
+        for index in start..self.log.len() {
+            let id = self.log[index];
+            self.take_if_free(id, freed);
+        }
+    }
+
+    /// The sweeps run when nothing known fits: check growing windows of the log, then everything,
+    /// calling `fits` after each step that found something; stops as soon as it returns `true`.
+    pub(super) fn sweep_until(&mut self, mut fits: impl FnMut(Vec<T>) -> bool) {
+        let mut window = 4 * FIRST_PERIOD as usize;
+        while window < self.log.len() {
+            let mut freed = Vec::new();
+            self.sweep_window(window, &mut freed);
+            if !freed.is_empty() && fits(freed) {
+                return;
+            }
+            window *= WINDOW_GROWTH as usize;
+        }
+        let freed = self.sweep_all();
+        if !freed.is_empty() {
+            fits(freed);
+        }
+    }
+
+    /// Untrack and return every freed slice.
     pub(super) fn sweep_all(&mut self) -> Vec<T> {
         let freed: Vec<T> = self
             .slices
             .extract_if(|_, slice| slice.handle().is_free())
             .map(|(_, slice)| slice)
             .collect();
+        let slices = &self.slices;
+        self.log.retain(|id| slices.contains_key(id));
         self.sweep_at = (2 * self.slices.len()).max(MIN_SWEEP);
         freed
     }

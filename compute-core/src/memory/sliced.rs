@@ -143,9 +143,19 @@ impl SlicedPool {
         handle
     }
 
+    /// The smallest known free segment that holds `padded` bytes.
+    fn find_free(&self, padded: u64) -> Option<(u64, StorageId, u64)> {
+        self.free.range((padded, StorageId(0), 0)..).next().copied()
+    }
+
+    /// Whether some known free segment holds `padded` bytes.
+    fn fits(&self, padded: u64) -> bool {
+        self.find_free(padded).is_some()
+    }
+
     /// Serve from the smallest known free segment that holds `padded` bytes.
     fn take_free(&mut self, size: u64, padded: u64) -> Option<SliceHandle> {
-        let &entry = self.free.range((padded, StorageId(0), 0)..).next()?;
+        let entry = self.find_free(padded)?;
         self.free.remove(&entry);
         let (segment_size, page, offset) = entry;
         Some(self.carve(page, offset, segment_size, size, padded))
@@ -216,14 +226,21 @@ impl<S: ComputeStorage> Pool<S> for SlicedPool {
         if let Some(handle) = self.take_free(size, padded) {
             return Some(handle);
         }
-        let freed = self.slices.sweep_all();
-        if self.reclaim(freed) > 0 {
-            return self.take_free(size, padded);
-        }
-        None
+        let mut slices = core::mem::replace(&mut self.slices, Tracker::new());
+        slices.sweep_until(|freed| {
+            self.reclaim(freed);
+            self.fits(padded)
+        });
+        self.slices = slices;
+        self.take_free(size, padded)
     }
 
-    fn alloc(&mut self, storage: &mut S, size: u64, padded: u64) -> Result<SliceHandle, AllocError> {
+    fn alloc(
+        &mut self,
+        storage: &mut S,
+        size: u64,
+        padded: u64,
+    ) -> Result<SliceHandle, AllocError> {
         if let Some(cap) = self.cap
             && self.reserved + self.page_size > cap
         {
@@ -233,9 +250,7 @@ impl<S: ComputeStorage> Pool<S> for SlicedPool {
                 needed: self.page_size,
             });
         }
-        let block = storage
-            .alloc(self.page_size)
-            .map_err(AllocError::Storage)?;
+        let block = storage.alloc(self.page_size).map_err(AllocError::Storage)?;
         self.reserved += self.page_size;
         let mut segments = BTreeMap::new();
         segments.insert(

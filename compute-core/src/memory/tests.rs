@@ -119,9 +119,7 @@ fn allocs(mm: &mut MemoryManagement<FakeStorage>) -> usize {
 #[test]
 fn offsets_are_aligned_and_slices_share_pages() {
     let mut mm = manager(&small_layout());
-    let handles: Vec<_> = (1..=8)
-        .map(|i| mm.reserve(i * 100).unwrap())
-        .collect();
+    let handles: Vec<_> = (1..=8).map(|i| mm.reserve(i * 100).unwrap()).collect();
     assert_eq!(allocs(&mut mm), 1, "all eight fit in one page");
     let mut ranges = Vec::new();
     for (i, h) in handles.iter().enumerate() {
@@ -157,7 +155,11 @@ fn reuse_after_free() {
     assert_eq!(mm.memory_usage().bytes_padding, 24 + 1000);
     drop(big);
     let other = mm.reserve(MIB / 2 - 1000).unwrap();
-    assert_eq!(allocs(&mut mm), 3, "a block more than twice the request is not reused");
+    assert_eq!(
+        allocs(&mut mm),
+        3,
+        "a block more than twice the request is not reused"
+    );
     drop(other);
 }
 
@@ -165,7 +167,11 @@ fn reuse_after_free() {
 fn free_neighbours_merge() {
     let mut mm = manager(&small_layout());
     let handles: Vec<_> = (0..16).map(|_| mm.reserve(4 * KIB).unwrap()).collect();
-    assert_eq!(allocs(&mut mm), 1, "sixteen 4 KiB slices fill one 64 KiB page");
+    assert_eq!(
+        allocs(&mut mm),
+        1,
+        "sixteen 4 KiB slices fill one 64 KiB page"
+    );
     drop(handles);
     let whole = mm.reserve(16 * KIB).unwrap();
     assert_eq!(allocs(&mut mm), 1, "freed slices merged into a 16 KiB run");
@@ -197,6 +203,33 @@ fn steady_state_makes_no_storage_call() {
 }
 
 #[test]
+fn steady_state_with_in_flight_copies() {
+    let mut mm = manager(&MemoryPoolsConfig::default());
+    let weights: Vec<_> = (0..2000)
+        .map(|i| mm.reserve(64 + i % 700).unwrap())
+        .collect();
+    // Each step's slices stay alive (in flight) while the next step allocates.
+    let mut in_flight: Vec<SliceHandle> = Vec::new();
+    let mut step = |mm: &mut MemoryManagement<FakeStorage>| {
+        let next: Vec<_> = [4000, 12_000, 4000, 300_000]
+            .iter()
+            .map(|&s| mm.reserve(s).unwrap())
+            .collect();
+        in_flight = next;
+    };
+    for _ in 0..100 {
+        step(&mut mm);
+    }
+    let warm = allocs(&mut mm);
+    for _ in 0..5000 {
+        step(&mut mm);
+    }
+    assert_eq!(allocs(&mut mm), warm);
+    assert_eq!(mm.memory_usage().number_allocs, 2004);
+    drop(weights);
+}
+
+#[test]
 fn cleanup_releases_free_pages() {
     let mut mm = manager(&small_layout());
     let keep = mm.reserve(100).unwrap();
@@ -216,7 +249,11 @@ fn cleanup_releases_free_pages() {
     );
     mm.cleanup(true);
     let usage = mm.memory_usage();
-    assert_eq!(usage.bytes_reserved, 64 * KIB, "only the page of `keep` is left");
+    assert_eq!(
+        usage.bytes_reserved,
+        64 * KIB,
+        "only the page of `keep` is left"
+    );
     assert_eq!(mm.storage().live_bytes(), 64 * KIB);
     assert_eq!(mm.storage().block_count(), 1);
     assert_eq!(usage.number_allocs, 1);
@@ -259,7 +296,11 @@ fn dealloc_period_releases_idle_pages_only() {
     }
     assert_eq!(mm.storage().block_count(), 1, "one page is enough");
     mm.cleanup(false);
-    assert_eq!(mm.storage().block_count(), 1, "used within the period: kept");
+    assert_eq!(
+        mm.storage().block_count(),
+        1,
+        "used within the period: kept"
+    );
 }
 
 #[test]
@@ -351,8 +392,7 @@ fn zero_size_reservations() {
     mm.mode(MemoryAllocationMode::Persistent);
     let p = mm.reserve(0).unwrap();
     assert_eq!(mm.get(p.id()).unwrap().size(), 0);
-    let exclusive_only =
-        MemoryPoolsConfig::Explicit(vec![exclusive(MIB)]);
+    let exclusive_only = MemoryPoolsConfig::Explicit(vec![exclusive(MIB)]);
     let mut mm = manager(&exclusive_only);
     let z = mm.reserve(0).unwrap();
     assert_eq!(mm.get(z.id()).unwrap().size(), 0);
@@ -381,7 +421,11 @@ fn handles_are_reference_counted() {
     assert!(!h.is_free());
     let in_flight = h.clone();
     drop(h);
-    assert_eq!(mm.memory_usage().number_allocs, 1, "the in-flight copy keeps it live");
+    assert_eq!(
+        mm.memory_usage().number_allocs,
+        1,
+        "the in-flight copy keeps it live"
+    );
     let other = mm.reserve(1000).unwrap();
     assert_ne!(
         mm.get(other.id()).unwrap().offset(),
@@ -405,7 +449,11 @@ fn persistent_mode_is_exact_size_and_reused() {
     assert_eq!(usage.bytes_padding, 24);
     drop(w);
     let smaller = mm.reserve(600).unwrap();
-    assert_eq!(allocs(&mut mm), 2, "a bigger free block is not reused in persistent mode");
+    assert_eq!(
+        allocs(&mut mm),
+        2,
+        "a bigger free block is not reused in persistent mode"
+    );
     let again = mm.reserve(1000).unwrap();
     assert_eq!(allocs(&mut mm), 2, "the exact-size block is reused");
     assert!(mm.reserve_no_alloc(1000).is_none());
@@ -416,7 +464,11 @@ fn persistent_mode_is_exact_size_and_reused() {
     assert_eq!(allocs(&mut mm), 3, "auto mode uses the dynamic pools");
     drop((smaller, auto));
     mm.cleanup(false);
-    assert_eq!(mm.storage().block_count(), 3, "only explicit cleanup touches persistent blocks");
+    assert_eq!(
+        mm.storage().block_count(),
+        3,
+        "only explicit cleanup touches persistent blocks"
+    );
     mm.cleanup(true);
     assert_eq!(mm.storage().block_count(), 0);
     assert_eq!(mm.memory_usage().bytes_reserved, 0);
@@ -457,7 +509,10 @@ fn reconfigure_rebuilds_only_when_nothing_is_live() {
     assert_eq!(mm.reconfigure(&small_layout()), Ok(true));
     assert_eq!(mm.pools_len(), 2);
     let usage = mm.memory_usage();
-    assert_eq!(usage.bytes_reserved, 5120, "dynamic pages released, persistent kept");
+    assert_eq!(
+        usage.bytes_reserved, 5120,
+        "dynamic pages released, persistent kept"
+    );
     assert_eq!(usage.number_allocs, 1);
     assert!(mm.get(weights.id()).is_some());
     let x = mm.reserve(100).unwrap();
@@ -492,13 +547,20 @@ fn presets_resolve() {
             max_slice_size: 32 * MIB
         }
     );
-    assert_eq!(default[2].kind, PoolKind::Exclusive { max_alloc_size: 16 << 30 });
+    assert_eq!(
+        default[2].kind,
+        PoolKind::Exclusive {
+            max_alloc_size: 16 << 30
+        }
+    );
     let exclusive = MemoryPoolsConfig::Preset(PoolPreset::ExclusiveOnly)
         .resolve(&props)
         .unwrap();
-    assert!(exclusive
-        .iter()
-        .all(|p| matches!(p.kind, PoolKind::Exclusive { .. })));
+    assert!(
+        exclusive
+            .iter()
+            .all(|p| matches!(p.kind, PoolKind::Exclusive { .. }))
+    );
     let small = MemoryPoolsConfig::Preset(PoolPreset::SmallPages)
         .resolve(&props)
         .unwrap();
@@ -520,8 +582,8 @@ fn presets_resolve() {
             assert!(page_size <= 4 * MIB);
         }
     }
-    let mut mm = MemoryManagement::new(FakeStorage::new(64), &MemoryPoolsConfig::default(), tiny)
-        .unwrap();
+    let mut mm =
+        MemoryManagement::new(FakeStorage::new(64), &MemoryPoolsConfig::default(), tiny).unwrap();
     let h = mm.reserve(4 * MIB).unwrap();
     assert!(mm.reserve(4 * MIB + 1).is_err());
     drop(h);
@@ -617,8 +679,14 @@ fn config_errors() {
         .unwrap_err()
         .to_string();
     assert!(message.contains("pool 1") && message.contains("4096") && message.contains("1024"));
-    assert!(MemoryManagement::new(FakeStorage::new(64), &MemoryPoolsConfig::Explicit(vec![]), p)
-        .is_err());
+    assert!(
+        MemoryManagement::new(
+            FakeStorage::new(64),
+            &MemoryPoolsConfig::Explicit(vec![]),
+            p
+        )
+        .is_err()
+    );
 }
 
 #[test]
@@ -640,7 +708,10 @@ fn usage_combines_and_displays() {
         }
     );
     let text = sum.to_string();
-    assert!(text.contains("2 allocations") && text.contains("4.00 MiB"), "{text}");
+    assert!(
+        text.contains("2 allocations") && text.contains("4.00 MiB"),
+        "{text}"
+    );
     assert!(!MemoryUsage::default().to_string().is_empty());
 }
 

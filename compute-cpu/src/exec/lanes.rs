@@ -37,7 +37,6 @@ pub(crate) trait Num: Pod + PartialOrd + Send + Sync {
     fn max_(self, o: Self) -> Self;
     fn neg(self) -> Self;
     fn abs_(self) -> Self;
-    fn one() -> Self;
 }
 
 /// Bit operations of integers.
@@ -88,7 +87,6 @@ macro_rules! int_num {
             #[inline(always)] fn neg(self) -> Self { self.wrapping_neg() }
             #[allow(unused_comparisons)]
             #[inline(always)] fn abs_(self) -> Self { if self < 0 { self.wrapping_neg() } else { self } }
-            #[inline(always)] fn one() -> Self { 1 }
         }
         impl Int for $t {
             #[inline(always)] fn and(self, o: Self) -> Self { self & o }
@@ -115,7 +113,6 @@ macro_rules! float_num {
             #[inline(always)] fn max_(self, o: Self) -> Self { self.max(o) }
             #[inline(always)] fn neg(self) -> Self { -self }
             #[inline(always)] fn abs_(self) -> Self { self.abs() }
-            #[inline(always)] fn one() -> Self { 1.0 }
         }
         impl Float for $t {
             #[inline(always)] fn fma(self, b: Self, c: Self) -> Self { self.mul_add(b, c) }
@@ -156,7 +153,6 @@ macro_rules! half_num {
             #[inline(always)] fn max_(self, o: Self) -> Self { <$t>::from_f32(self.to_f32().max(o.to_f32())) }
             #[inline(always)] fn neg(self) -> Self { -self }
             #[inline(always)] fn abs_(self) -> Self { <$t>::from_f32(self.to_f32().abs()) }
-            #[inline(always)] fn one() -> Self { <$t>::ONE }
         }
         impl Float for $t {
             #[inline(always)]
@@ -380,7 +376,9 @@ macro_rules! math_ops {
     )*};
 }
 
-math_ops!(Sqrt, Rsqrt, Exp, Log, Log1p, Sin, Cos, Tanh, Erf, Floor, Ceil, Round, Recip);
+math_ops!(
+    Sqrt, Rsqrt, Exp, Log, Log1p, Sin, Cos, Tanh, Erf, Floor, Ceil, Round, Recip
+);
 
 fn unary<T: Pod, O: Op1<T>>(x: &[u64], out: &mut [u64], n: usize) {
     let (x, out) = (view::<T>(x, n), view_mut::<T>(out, n));

@@ -26,11 +26,14 @@ macro_rules! counter {
 
 counter!(i8, i16, i32, i64, u8, u16, u32, u64);
 
+/// `(counter, end, step, mask)`: clear the mask of units whose counter is past `end`.
+pub(crate) type TestFn = fn(&[u64], &[u64], &[u64], &mut [u8]);
+
 /// The per-type functions of a range loop.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct RangeFns {
     /// `mask[l] &= counter[l] still before end[l]`: `(counter, end, step, mask)`.
-    pub test: fn(&[u64], &[u64], &[u64], &mut [u8]),
+    pub test: TestFn,
     /// `counter[l] += step[l]` for active units, deactivating those that overflow.
     pub advance: fn(&mut [u64], &[u64], &mut [u8]),
 }

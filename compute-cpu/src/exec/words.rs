@@ -18,7 +18,7 @@ macro_rules! word {
     )*};
 }
 
-word!(u8, u16, u32, u64);
+word!(u8, u16, u32, u64, i32, i64);
 
 /// Pick the instance of a generic `fn` for a component size in bytes.
 macro_rules! by_size {
@@ -98,7 +98,11 @@ pub(crate) fn masked_copy<W: Word>(src: &[u64], dst: &mut [u64], mask: &[u8], wi
             }
         }
     } else {
-        for ((d, s), &m) in dst.chunks_exact_mut(width).zip(src.chunks_exact(width)).zip(mask) {
+        for ((d, s), &m) in dst
+            .chunks_exact_mut(width)
+            .zip(src.chunks_exact(width))
+            .zip(mask)
+        {
             if m != 0 {
                 d.copy_from_slice(s);
             }

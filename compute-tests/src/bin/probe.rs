@@ -4,7 +4,11 @@ fn main() {
     for backend in compute_tests::backends::enabled() {
         match (backend.availability)() {
             Ok(()) => println!("{} available", backend.name),
-            Err(reason) => println!("{} unavailable: {}", backend.name, reason.replace('\n', " ")),
+            Err(reason) => println!(
+                "{} unavailable: {}",
+                backend.name,
+                reason.replace('\n', " ")
+            ),
         }
     }
 }

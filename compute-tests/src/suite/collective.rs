@@ -7,7 +7,12 @@ use crate::util::{client_of, f32_bytes, ramp};
 
 fn group<R: Runtime>(client: &ComputeClient<R>, n: usize) -> Vec<DeviceId> {
     let devices = client.enumerate_devices(client.device_id().type_id);
-    assert!(devices.len() >= n, "this test needs {n} devices, {} has {}", R::name(), devices.len());
+    assert!(
+        devices.len() >= n,
+        "this test needs {n} devices, {} has {}",
+        R::name(),
+        devices.len()
+    );
     devices[..n].to_vec()
 }
 
@@ -24,11 +29,32 @@ pub fn all_reduce_sum_and_mean<R: Runtime>(client: ComputeClient<R>) {
         let src = c.create(f32_bytes(&ramp(n, rank as f32 + 1.0)));
         let sum = c.empty(n * 4);
         let mean = c.empty(n * 4);
-        c.all_reduce(src.clone(), sum.clone(), ElemType::F32, ids.clone(), ReduceOperation::Sum);
-        c.all_reduce(src, mean.clone(), ElemType::F32, ids.clone(), ReduceOperation::Mean);
-        let isrc = c.create(compute_core::Bytes::from_elems(vec![rank as i32 * 3 - 1; 5]));
+        c.all_reduce(
+            src.clone(),
+            sum.clone(),
+            ElemType::F32,
+            ids.clone(),
+            ReduceOperation::Sum,
+        );
+        c.all_reduce(
+            src,
+            mean.clone(),
+            ElemType::F32,
+            ids.clone(),
+            ReduceOperation::Mean,
+        );
+        let isrc = c.create(compute_core::Bytes::from_elems(vec![
+            rank as i32 * 3 - 1;
+            5
+        ]));
         let isum = c.empty(20);
-        c.all_reduce(isrc, isum.clone(), ElemType::I32, ids.clone(), ReduceOperation::Sum);
+        c.all_reduce(
+            isrc,
+            isum.clone(),
+            ElemType::I32,
+            ids.clone(),
+            ReduceOperation::Sum,
+        );
         outputs.push((sum, mean, isum));
     }
     for (c, (sum, mean, isum)) in clients.iter().zip(outputs) {
@@ -56,7 +82,13 @@ pub fn all_reduce_orders_with_compute<R: Runtime>(client: ComputeClient<R>) {
         let produced = c.empty(n * 4);
         kernels::launch_slow_add(c, &input, &produced, n, 500);
         let reduced = c.empty(n * 4);
-        c.all_reduce(produced, reduced.clone(), ElemType::F32, ids.clone(), ReduceOperation::Sum);
+        c.all_reduce(
+            produced,
+            reduced.clone(),
+            ElemType::F32,
+            ids.clone(),
+            ReduceOperation::Sum,
+        );
         outs.push(reduced);
     }
     for (c, out) in clients.iter().zip(outs) {
@@ -68,12 +100,25 @@ pub fn all_reduce_orders_with_compute<R: Runtime>(client: ComputeClient<R>) {
 /// A collective over a group that does not contain the device, or before init, is an error.
 pub fn collective_errors<R: Runtime>(mut client: ComputeClient<R>) {
     let ids = group(&client, 2);
-    let others: Vec<DeviceId> = ids.iter().copied().filter(|&d| d != client.device_id()).collect();
+    let others: Vec<DeviceId> = ids
+        .iter()
+        .copied()
+        .filter(|&d| d != client.device_id())
+        .collect();
     let a = client.empty(4);
     let b = client.empty(4);
-    client.all_reduce(a.clone(), b.clone(), ElemType::F32, others, ReduceOperation::Sum);
+    client.all_reduce(
+        a.clone(),
+        b.clone(),
+        ElemType::F32,
+        others,
+        ReduceOperation::Sum,
+    );
     assert!(client.flush().is_err());
-    let never_initialised = vec![client.device_id(), DeviceId::new(client.device_id().type_id, 999)];
+    let never_initialised = vec![
+        client.device_id(),
+        DeviceId::new(client.device_id().type_id, 999),
+    ];
     client.all_reduce(a, b, ElemType::F32, never_initialised, ReduceOperation::Sum);
     assert!(client.flush().is_err());
 }

@@ -12,7 +12,10 @@ pub fn enumerate_devices_agree<R: Runtime>(client: ComputeClient<R>) {
     assert!(all.contains(&client.device_id()));
     assert_eq!(client.device_count_total(), all.len());
     let of_type = client.enumerate_devices(client.device_id().type_id);
-    assert_eq!(client.device_count(client.device_id().type_id), of_type.len());
+    assert_eq!(
+        client.device_count(client.device_id().type_id),
+        of_type.len()
+    );
     assert!(of_type.iter().all(|d| all.contains(d)));
     assert!(client.enumerate_devices(u16::MAX).is_empty());
 }
@@ -30,7 +33,11 @@ pub fn properties_and_features<R: Runtime>(mut client: ComputeClient<R>) {
     let other = client.clone();
     client.properties_mut().unwrap().name = "renamed".into();
     assert_eq!(client.properties().name, "renamed");
-    assert_eq!(other.properties().name, props.name, "other clients keep their properties");
+    assert_eq!(
+        other.properties().name,
+        props.name,
+        "other clients keep their properties"
+    );
 }
 
 /// `io_optimized_vector_sizes` lists useful widths, widest first, within the load limit.
@@ -50,7 +57,11 @@ pub fn io_optimized_vector_sizes_fit<R: Runtime>(client: ComputeClient<R>) {
 pub fn foreign_handle_is_rejected<R: Runtime>(client: ComputeClient<R>) {
     let devices = client.enumerate_devices(client.device_id().type_id);
     let Some(&other_id) = devices.iter().find(|&&d| d != client.device_id()) else {
-        panic!("this test needs two devices of one type; {} has {}", R::name(), devices.len());
+        panic!(
+            "this test needs two devices of one type; {} has {}",
+            R::name(),
+            devices.len()
+        );
     };
     let other = client_of::<R>(other_id);
     let foreign = other.create(f32_bytes(&[1.0, 2.0]));
@@ -61,11 +72,28 @@ pub fn foreign_handle_is_rejected<R: Runtime>(client: ComputeClient<R>) {
         Err(ServerError::WrongDevice { .. })
     ));
     client.write(&foreign, f32_bytes(&[5.0, 6.0]));
-    assert!(matches!(client.flush(), Err(ServerError::WrongDevice { .. })));
+    assert!(matches!(
+        client.flush(),
+        Err(ServerError::WrongDevice { .. })
+    ));
     let own = client.empty(8);
-    kernels::launch_binary(&client, &kernels::add_f32(1), &foreign, &foreign, &own, 2, 1);
-    assert!(matches!(client.flush(), Err(ServerError::WrongDevice { .. })));
-    assert_eq!(other.read_one(foreign).unwrap().to_elems::<f32>(), vec![1.0, 2.0]);
+    kernels::launch_binary(
+        &client,
+        &kernels::add_f32(1),
+        &foreign,
+        &foreign,
+        &own,
+        2,
+        1,
+    );
+    assert!(matches!(
+        client.flush(),
+        Err(ServerError::WrongDevice { .. })
+    ));
+    assert_eq!(
+        other.read_one(foreign).unwrap().to_elems::<f32>(),
+        vec![1.0, 2.0]
+    );
     assert!(client.get_resource(own).is_ok());
 }
 
@@ -78,7 +106,10 @@ pub fn to_client_copies_between_devices<R: Runtime>(mut client: ComputeClient<R>
     let other = client_of::<R>(other_id);
     let src = client.create(f32_bytes(&[1.0, -2.0, 3.0]));
     let copied = client.to_client(src, &other, ElemType::F32);
-    assert_eq!(other.read_one(copied).unwrap().to_elems::<f32>(), vec![1.0, -2.0, 3.0]);
+    assert_eq!(
+        other.read_one(copied).unwrap().to_elems::<f32>(),
+        vec![1.0, -2.0, 3.0]
+    );
     let data: Vec<f32> = (0..15).map(|i| i as f32).collect();
     let tensor = client.create_tensor(f32_bytes(&data), [3, 5].into(), 4);
     let copied = client.to_client_tensor(tensor.copy_descriptor(), &other, ElemType::F32);
@@ -98,8 +129,14 @@ pub fn init_replaces_the_server<R: Runtime>(client: ComputeClient<R>) {
     let fresh = ComputeClient::<R>::init(&device, server);
     let loaded = ComputeClient::<R>::load(&device);
     let h = loaded.create(f32_bytes(&[8.0]));
-    assert_eq!(fresh.read_one(h.clone()).unwrap().to_elems::<f32>(), vec![8.0]);
-    assert!(matches!(old.read_one(h), Err(ServerError::WrongDevice { .. })), "a handle of the new server is foreign to the old one");
+    assert_eq!(
+        fresh.read_one(h.clone()).unwrap().to_elems::<f32>(),
+        vec![8.0]
+    );
+    assert!(
+        matches!(old.read_one(h), Err(ServerError::WrongDevice { .. })),
+        "a handle of the new server is foreign to the old one"
+    );
     assert_eq!(old.read_one(kept).unwrap().to_elems::<f32>(), vec![7.0]);
     let fut = fresh.sync();
     block_on(fut).unwrap();

@@ -29,7 +29,11 @@ pub fn graph_replay_with_refreshed_inputs<R: Runtime>(mut client: ComputeClient<
         client.write(&input, f32_bytes(&vec![base; n]));
         graph.replay().unwrap();
         let got = client.read_one(out.clone()).unwrap().to_elems::<f32>();
-        assert!(got.iter().all(|&v| v == (base + 1.0) * 2.0), "round {round}: {:?}", &got[..4]);
+        assert!(
+            got.iter().all(|&v| v == (base + 1.0) * 2.0),
+            "round {round}: {:?}",
+            &got[..4]
+        );
     }
     drop(graph);
     block_on(client.sync()).unwrap();
@@ -46,14 +50,26 @@ pub fn capture_rejects_sync_and_fresh_allocation<R: Runtime>(mut client: Compute
     assert!(matches!(err, ServerError::Capture(_)), "{err:?}");
     let err = client.try_empty(123_456).unwrap_err();
     assert!(matches!(err, ServerError::Capture(_)), "{err:?}");
-    assert!(matches!(client.read_one(out.clone()), Err(ServerError::Capture(_))));
+    assert!(matches!(
+        client.read_one(out.clone()),
+        Err(ServerError::Capture(_))
+    ));
     client.launch(
         kernels::fill_f32().into(),
         compute_core::CubeCount::Static(1, 1, 1),
-        compute_core::KernelArguments::new().buffer(out.clone().binding()).scalar(4.0f32),
+        compute_core::KernelArguments::new()
+            .buffer(out.clone().binding())
+            .scalar(4.0f32),
     );
     let graph = client.stop_capture().unwrap();
-    assert_eq!(client.read_one(out.clone()).unwrap().to_elems::<f32>(), vec![0.0; 4], "captured, not run");
+    assert_eq!(
+        client.read_one(out.clone()).unwrap().to_elems::<f32>(),
+        vec![0.0; 4],
+        "captured, not run"
+    );
     graph.replay().unwrap();
-    assert_eq!(client.read_one(out).unwrap().to_elems::<f32>(), vec![4.0; 4]);
+    assert_eq!(
+        client.read_one(out).unwrap().to_elems::<f32>(),
+        vec![4.0; 4]
+    );
 }

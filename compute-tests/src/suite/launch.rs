@@ -26,19 +26,30 @@ pub fn elementwise_add<R: Runtime>(client: ComputeClient<R>) {
 pub fn bounds_checked_and_unchecked<R: Runtime>(client: ComputeClient<R>) {
     let n = 100;
     let layouts = client.create_tensors(vec![
-        (compute_core::MemoryLayoutDescriptor::contiguous([n], 4), f32_bytes(&vec![0.0; n])),
-        (compute_core::MemoryLayoutDescriptor::contiguous([n], 4), f32_bytes(&vec![-1.0; n])),
+        (
+            compute_core::MemoryLayoutDescriptor::contiguous([n], 4),
+            f32_bytes(&vec![0.0; n]),
+        ),
+        (
+            compute_core::MemoryLayoutDescriptor::contiguous([n], 4),
+            f32_bytes(&vec![-1.0; n]),
+        ),
     ]);
     let (out, neighbour) = (layouts[0].memory.clone(), layouts[1].memory.clone());
     let kernel = kernels::fill_f32();
     client.launch(
         kernel.clone().into(),
         CubeCount::Static(16, 1, 1),
-        KernelArguments::new().buffer(out.clone().binding()).scalar(5.0f32),
+        KernelArguments::new()
+            .buffer(out.clone().binding())
+            .scalar(5.0f32),
     );
     let got = client.read(vec![out.clone(), neighbour.clone()]);
     assert!(got[0].to_elems::<f32>().iter().all(|&v| v == 5.0));
-    assert!(got[1].to_elems::<f32>().iter().all(|&v| v == -1.0), "stores past the end landed");
+    assert!(
+        got[1].to_elems::<f32>().iter().all(|&v| v == -1.0),
+        "stores past the end landed"
+    );
     let exact = (n as u32).div_ceil(kernels::CUBE_DIM);
     // The unchecked launch covers its buffer exactly: a multiple of the cube size.
     let m = exact as usize * kernels::CUBE_DIM as usize;
@@ -48,10 +59,19 @@ pub fn bounds_checked_and_unchecked<R: Runtime>(client: ComputeClient<R>) {
         client.launch_unchecked(
             kernel.into(),
             CubeCount::Static(exact, 1, 1),
-            KernelArguments::new().buffer(big.clone().binding()).scalar(7.0f32),
+            KernelArguments::new()
+                .buffer(big.clone().binding())
+                .scalar(7.0f32),
         )
     };
-    assert!(client.read_one(big).unwrap().to_elems::<f32>().iter().all(|&v| v == 7.0));
+    assert!(
+        client
+            .read_one(big)
+            .unwrap()
+            .to_elems::<f32>()
+            .iter()
+            .all(|&v| v == 7.0)
+    );
 }
 
 /// A launch with zero cubes runs nothing and is still ordered.
@@ -60,10 +80,15 @@ pub fn zero_count_launch<R: Runtime>(client: ComputeClient<R>) {
     client.launch(
         kernels::fill_f32().into(),
         CubeCount::Static(0, 1, 1),
-        KernelArguments::new().buffer(out.clone().binding()).scalar(9.0f32),
+        KernelArguments::new()
+            .buffer(out.clone().binding())
+            .scalar(9.0f32),
     );
     sync(&client);
-    assert_eq!(client.read_one(out).unwrap().to_elems::<f32>(), vec![1.0, 2.0]);
+    assert_eq!(
+        client.read_one(out).unwrap().to_elems::<f32>(),
+        vec![1.0, 2.0]
+    );
 }
 
 /// A launch whose cube count is read from a device buffer.
@@ -74,7 +99,9 @@ pub fn dynamic_cube_count<R: Runtime>(client: ComputeClient<R>) {
     client.launch(
         kernels::fill_f32().into(),
         CubeCount::Dynamic(count.binding()),
-        KernelArguments::new().buffer(out.clone().binding()).scalar(3.0f32),
+        KernelArguments::new()
+            .buffer(out.clone().binding())
+            .scalar(3.0f32),
     );
     let got = client.read_one(out).unwrap().to_elems::<f32>();
     let covered = kernels::CUBE_DIM as usize * 2;
@@ -91,14 +118,22 @@ pub fn launch_argument_errors_are_reported<R: Runtime>(client: ComputeClient<R>)
         KernelArguments::new().buffer(out.clone().binding()),
     );
     let err = client.flush().unwrap_err();
-    assert!(matches!(err, ServerError::InvalidArgument(_)), "missing scalar: {err:?}");
+    assert!(
+        matches!(err, ServerError::InvalidArgument(_)),
+        "missing scalar: {err:?}"
+    );
     client.launch(
         kernels::fill_f32().into(),
         CubeCount::Static(1, 1, 1),
-        KernelArguments::new().buffer(out.clone().binding()).scalar(1u32),
+        KernelArguments::new()
+            .buffer(out.clone().binding())
+            .scalar(1u32),
     );
     let err = block_on(client.sync()).unwrap_err();
-    assert!(matches!(err, ServerError::InvalidArgument(_)), "wrong scalar type: {err:?}");
+    assert!(
+        matches!(err, ServerError::InvalidArgument(_)),
+        "wrong scalar type: {err:?}"
+    );
     client.flush().unwrap();
     sync(&client);
 }

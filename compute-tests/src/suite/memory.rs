@@ -18,17 +18,23 @@ fn own_stream<R: Runtime>(mut client: ComputeClient<R>) -> ComputeClient<R> {
 /// `memory_usage` counts live allocations and bytes exactly.
 pub fn memory_usage_is_exact<R: Runtime>(client: ComputeClient<R>) {
     let client = own_stream(client);
-    let start = client.memory_usage().unwrap();
+    let start = client.stream_memory_usage().unwrap();
     let a = client.empty(1000);
     let b = client.empty(24);
-    let usage = client.memory_usage().unwrap();
+    let usage = client.stream_memory_usage().unwrap();
     assert_eq!(usage.number_allocs, start.number_allocs + 2);
     assert_eq!(usage.bytes_in_use, start.bytes_in_use + 1024);
     assert!(usage.bytes_reserved >= usage.bytes_in_use + usage.bytes_padding);
+    let total = client.memory_usage().unwrap();
+    assert!(
+        total.number_allocs >= usage.number_allocs,
+        "the device total covers every stream"
+    );
+    assert!(total.bytes_in_use >= usage.bytes_in_use);
     drop(a);
     drop(b);
     sync(&client);
-    let after = client.memory_usage().unwrap();
+    let after = client.stream_memory_usage().unwrap();
     assert_eq!(after.number_allocs, start.number_allocs);
     assert_eq!(after.bytes_in_use, start.bytes_in_use);
 }
@@ -51,11 +57,11 @@ pub fn memory_stays_flat_over_iterations<R: Runtime>(client: ComputeClient<R>) {
         drop((b, out));
         if iteration == 99 {
             sync(&client);
-            reserved_after_warmup = client.memory_usage().unwrap().bytes_reserved;
+            reserved_after_warmup = client.stream_memory_usage().unwrap().bytes_reserved;
         }
     }
     sync(&client);
-    let end = client.memory_usage().unwrap();
+    let end = client.stream_memory_usage().unwrap();
     assert_eq!(
         end.bytes_reserved, reserved_after_warmup,
         "bytes_reserved grew after warm-up"
@@ -67,14 +73,14 @@ pub fn memory_stays_flat_over_iterations<R: Runtime>(client: ComputeClient<R>) {
 pub fn memory_cleanup_releases_free_pages<R: Runtime>(client: ComputeClient<R>) {
     let client = own_stream(client);
     let handles: Vec<_> = (0..16).map(|i| client.empty(4096 * (i + 1))).collect();
-    let full = client.memory_usage().unwrap();
+    let full = client.stream_memory_usage().unwrap();
     assert!(full.bytes_reserved > 0);
     drop(handles);
     sync(&client);
-    let freed = client.memory_usage().unwrap();
+    let freed = client.stream_memory_usage().unwrap();
     assert_eq!(freed.bytes_in_use, 0);
     client.memory_cleanup();
-    let cleaned = client.memory_usage().unwrap();
+    let cleaned = client.stream_memory_usage().unwrap();
     assert!(
         cleaned.bytes_reserved < full.bytes_reserved,
         "cleanup kept {} of {} bytes",
@@ -89,14 +95,26 @@ pub fn allocation_that_cannot_fit_is_an_error<R: Runtime>(client: ComputeClient<
     let client = own_stream(client);
     let huge = 1usize << 60;
     let err = client.try_empty(huge).unwrap_err();
-    assert!(matches!(err, ServerError::OutOfMemory { requested, .. } if requested >= huge as u64), "{err:?}");
+    assert!(
+        matches!(err, ServerError::OutOfMemory { requested, .. } if requested >= huge as u64),
+        "{err:?}"
+    );
     let handle = client.empty(huge);
     assert_eq!(handle.size(), 0);
     let queued = client.flush().unwrap_err();
-    assert!(matches!(queued, ServerError::OutOfMemory { .. }), "{queued:?}");
-    assert!(client.read_one(handle).is_err(), "a failed handle cannot be read");
+    assert!(
+        matches!(queued, ServerError::OutOfMemory { .. }),
+        "{queued:?}"
+    );
+    assert!(
+        client.read_one(handle).is_err(),
+        "a failed handle cannot be read"
+    );
     let ok = client.create(f32_bytes(&[1.0, 2.0]));
-    assert_eq!(client.read_one(ok).unwrap().to_elems::<f32>(), vec![1.0, 2.0]);
+    assert_eq!(
+        client.read_one(ok).unwrap().to_elems::<f32>(),
+        vec![1.0, 2.0]
+    );
     client.flush().unwrap();
 }
 
@@ -120,9 +138,15 @@ pub fn configure_memory_pools_layouts<R: Runtime>(client: ComputeClient<R>) {
             dealloc_period: None,
         },
     ]);
-    assert!(client.configure_memory_pools(&layout), "nothing live: rebuilt now");
+    assert!(
+        client.configure_memory_pools(&layout),
+        "nothing live: rebuilt now"
+    );
     let live = client.create(f32_bytes(&[1.0]));
-    assert!(!client.configure_memory_pools(&layout), "something live: kept");
+    assert!(
+        !client.configure_memory_pools(&layout),
+        "something live: kept"
+    );
     assert_eq!(client.read_one(live).unwrap().to_elems::<f32>(), vec![1.0]);
     let bad = MemoryPoolsConfig::Explicit(vec![PoolSpec {
         kind: PoolKind::Sliced {
@@ -149,12 +173,17 @@ pub fn configure_memory_pools_layouts<R: Runtime>(client: ComputeClient<R>) {
 pub fn persistent_allocations<R: Runtime>(client: ComputeClient<R>) {
     let client = own_stream(client);
     let weights = client
-        .memory_persistent_allocation(vec![1.0f32, 2.0, 3.0], |w| client.create(Bytes::from_elems(w)))
+        .memory_persistent_allocation(vec![1.0f32, 2.0, 3.0], |w| {
+            client.create(Bytes::from_elems(w))
+        })
         .unwrap();
-    let usage = client.memory_usage().unwrap();
+    let usage = client.stream_memory_usage().unwrap();
     assert_eq!(usage.number_allocs, 1);
     assert_eq!(usage.bytes_in_use, 12);
-    assert_eq!(client.read_one(weights.clone()).unwrap().to_elems::<f32>(), vec![1.0, 2.0, 3.0]);
+    assert_eq!(
+        client.read_one(weights.clone()).unwrap().to_elems::<f32>(),
+        vec![1.0, 2.0, 3.0]
+    );
     drop(weights);
     sync(&client);
     // SAFETY: this test's stream only.
@@ -162,10 +191,13 @@ pub fn persistent_allocations<R: Runtime>(client: ComputeClient<R>) {
     let again = client.empty(12);
     // SAFETY: as above.
     unsafe { client.allocation_mode(MemoryAllocationMode::Auto) };
-    let reused = client.memory_usage().unwrap();
-    assert_eq!(reused.bytes_reserved, usage.bytes_reserved, "the exact-size block is reused");
+    let reused = client.stream_memory_usage().unwrap();
+    assert_eq!(
+        reused.bytes_reserved, usage.bytes_reserved,
+        "the exact-size block is reused"
+    );
     drop(again);
     sync(&client);
     client.memory_cleanup();
-    assert_eq!(client.memory_usage().unwrap().bytes_reserved, 0);
+    assert_eq!(client.stream_memory_usage().unwrap().bytes_reserved, 0);
 }

@@ -27,6 +27,7 @@ macro_rules! for_each_test {
             transfer::read_lazy_reflects_first_access,
             transfer::staging_materializes,
             transfer::get_resource_of_own_handle,
+            transfer::burst_of_tensors_reads_back_exact,
             memory::memory_usage_is_exact,
             memory::memory_stays_flat_over_iterations,
             memory::memory_cleanup_releases_free_pages,

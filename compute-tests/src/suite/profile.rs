@@ -54,7 +54,9 @@ pub fn measure_launch_overhead_samples<R: Runtime>(client: ComputeClient<R>) {
         client.launch(
             kernel.clone().into(),
             compute_core::CubeCount::Static(1, 1, 1),
-            compute_core::KernelArguments::new().buffer(out.clone().binding()).scalar(1.0f32),
+            compute_core::KernelArguments::new()
+                .buffer(out.clone().binding())
+                .scalar(1.0f32),
         );
         block_on(client.sync()).unwrap();
         let d = start.elapsed();

@@ -97,7 +97,13 @@ pub fn exclusive_keeps_others_out<R: Runtime>(client: ComputeClient<R>) {
             client.read_one(shared.clone()).unwrap().to_elems::<f32>()[0]
         })
         .unwrap();
-    assert_eq!(seen, 1.0, "another thread's write landed inside the exclusive task");
+    assert_eq!(
+        seen, 1.0,
+        "another thread's write landed inside the exclusive task"
+    );
     intruder.join().unwrap();
-    assert_eq!(client.read_one(shared).unwrap().to_elems::<f32>(), vec![2.0]);
+    assert_eq!(
+        client.read_one(shared).unwrap().to_elems::<f32>(),
+        vec![2.0]
+    );
 }

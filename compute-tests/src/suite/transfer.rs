@@ -52,7 +52,10 @@ pub fn write_too_long_is_an_error<R: Runtime>(client: ComputeClient<R>) {
         matches!(err, compute_core::ServerError::InvalidArgument(_)),
         "{err:?}"
     );
-    assert_eq!(client.read_one(handle).unwrap().to_elems::<f32>(), vec![1.0]);
+    assert_eq!(
+        client.read_one(handle).unwrap().to_elems::<f32>(),
+        vec![1.0]
+    );
 }
 
 /// `create_tensor` may pitch rows; `read_tensor` returns compact data either way, and the raw
@@ -64,17 +67,27 @@ pub fn pitched_tensor_reads<R: Runtime>(client: ComputeClient<R>) {
     assert_eq!(layout.strides[1], 1);
     assert!(layout.strides[0] >= cols);
     if let Some(align) = client.properties().pitch_alignment {
-        assert_eq!((layout.strides[0] * 4) % align, 0, "rows must be aligned to {align}");
+        assert_eq!(
+            (layout.strides[0] * 4) % align,
+            0,
+            "rows must be aligned to {align}"
+        );
     } else {
         assert!(layout.is_contiguous());
     }
     let compact = client.read_tensor(vec![layout.copy_descriptor()]);
     assert_eq!(compact[0].to_elems::<f32>(), data);
-    let raw = client.read_one(layout.memory.clone()).unwrap().to_elems::<f32>();
+    let raw = client
+        .read_one(layout.memory.clone())
+        .unwrap()
+        .to_elems::<f32>();
     assert_eq!(raw.len(), rows * layout.strides[0]);
     for r in 0..rows {
         let stride = layout.strides[0];
-        assert_eq!(&raw[r * stride..r * stride + cols], &data[r * cols..(r + 1) * cols]);
+        assert_eq!(
+            &raw[r * stride..r * stride + cols],
+            &data[r * cols..(r + 1) * cols]
+        );
     }
     let one = client.read_one_unchecked_tensor(layout.copy_descriptor());
     assert_eq!(one.to_elems::<f32>(), data);
@@ -82,8 +95,14 @@ pub fn pitched_tensor_reads<R: Runtime>(client: ComputeClient<R>) {
     assert_eq!(block_on(fut).unwrap().to_elems::<f32>(), data);
     let fut = client.read_tensor_async(vec![layout.copy_descriptor()]);
     assert_eq!(block_on(fut).unwrap()[0].to_elems::<f32>(), data);
-    let from_slice = client.create_tensor_from_slice(bytemuck::cast_slice(&data), [rows, cols].into(), 4);
-    assert_eq!(client.read_one_unchecked_tensor(from_slice.copy_descriptor()).to_elems::<f32>(), data);
+    let from_slice =
+        client.create_tensor_from_slice(bytemuck::cast_slice(&data), [rows, cols].into(), 4);
+    assert_eq!(
+        client
+            .read_one_unchecked_tensor(from_slice.copy_descriptor())
+            .to_elems::<f32>(),
+        data
+    );
 }
 
 /// A descriptor whose strides are not row-major is rejected with an error.
@@ -91,7 +110,10 @@ pub fn read_tensor_rejects_bad_strides<R: Runtime>(client: ComputeClient<R>) {
     let handle = client.create(f32_bytes(&ramp(6, 1.0)));
     let transposed = CopyDescriptor::new(handle.clone().binding(), [2, 3], [1, 2], 4);
     let err = block_on(client.read_one_tensor_async(transposed)).unwrap_err();
-    assert!(matches!(err, compute_core::ServerError::InvalidArgument(_)), "{err:?}");
+    assert!(
+        matches!(err, compute_core::ServerError::InvalidArgument(_)),
+        "{err:?}"
+    );
     let too_big = CopyDescriptor::new(handle.binding(), [4, 3], [3, 1], 4);
     assert!(block_on(client.read_one_tensor_async(too_big)).is_err());
 }
@@ -101,23 +123,35 @@ pub fn create_tensors_packs_one_allocation<R: Runtime>(client: ComputeClient<R>)
     let a = ramp(7, 1.0);
     let b = ramp(12, -2.0);
     let c: Vec<f32> = vec![42.0];
-    let before = client.memory_usage().unwrap();
+    let before = client.stream_memory_usage().unwrap();
     let layouts = client.create_tensors(vec![
         (MemoryLayoutDescriptor::optimized([7], 4), f32_bytes(&a)),
         (MemoryLayoutDescriptor::optimized([3, 4], 4), f32_bytes(&b)),
         (MemoryLayoutDescriptor::contiguous([1], 4), f32_bytes(&c)),
     ]);
-    let after = client.memory_usage().unwrap();
-    assert_eq!(after.number_allocs, before.number_allocs + 1, "one slice for all tensors");
+    let after = client.stream_memory_usage().unwrap();
+    assert_eq!(
+        after.number_allocs,
+        before.number_allocs + 1,
+        "one slice for all tensors"
+    );
     assert!(layouts[0].memory.same_memory(&layouts[1].memory));
     assert!(layouts[1].memory.same_memory(&layouts[2].memory));
     let ranges: Vec<(u64, u64)> = layouts
         .iter()
-        .map(|l| (l.memory.slice_offset_start(), l.memory.slice_offset_start() + l.memory.size()))
+        .map(|l| {
+            (
+                l.memory.slice_offset_start(),
+                l.memory.slice_offset_start() + l.memory.size(),
+            )
+        })
         .collect();
     for i in 0..ranges.len() {
         for j in i + 1..ranges.len() {
-            assert!(ranges[i].1 <= ranges[j].0 || ranges[j].1 <= ranges[i].0, "{ranges:?}");
+            assert!(
+                ranges[i].1 <= ranges[j].0 || ranges[j].1 <= ranges[i].0,
+                "{ranges:?}"
+            );
         }
     }
     let read = client.read_tensor(layouts.iter().map(|l| l.copy_descriptor()).collect());
@@ -125,8 +159,14 @@ pub fn create_tensors_packs_one_allocation<R: Runtime>(client: ComputeClient<R>)
     assert_eq!(read[1].to_elems::<f32>(), b);
     assert_eq!(read[2].to_elems::<f32>(), c);
     let from_slices = client.create_tensors_from_slices(vec![
-        (MemoryLayoutDescriptor::contiguous([2], 4), bytemuck::cast_slice(&[1.0f32, 2.0])),
-        (MemoryLayoutDescriptor::contiguous([1], 4), bytemuck::cast_slice(&[3.0f32])),
+        (
+            MemoryLayoutDescriptor::contiguous([2], 4),
+            bytemuck::cast_slice(&[1.0f32, 2.0]),
+        ),
+        (
+            MemoryLayoutDescriptor::contiguous([1], 4),
+            bytemuck::cast_slice(&[3.0f32]),
+        ),
     ]);
     let read = client.read_tensor(from_slices.iter().map(|l| l.copy_descriptor()).collect());
     assert_eq!(read[0].to_elems::<f32>(), vec![1.0, 2.0]);
@@ -166,7 +206,11 @@ pub fn read_lazy_reflects_first_access<R: Runtime>(client: ComputeClient<R>) {
     let handle = client.create(f32_bytes(&[5.0]));
     let lazy = block_on(client.read_lazy_async(handle.clone().copy_descriptor_bytes())).unwrap();
     drop(handle);
-    assert_eq!(lazy.to_elems::<f32>(), vec![5.0], "the lazy bytes keep their source alive");
+    assert_eq!(
+        lazy.to_elems::<f32>(),
+        vec![5.0],
+        "the lazy bytes keep their source alive"
+    );
 }
 
 /// `staging` reads file-backed bytes now; `file_only` leaves other deferred bytes alone.
@@ -200,4 +244,29 @@ pub fn get_resource_of_own_handle<R: Runtime>(client: ComputeClient<R>) {
     assert!(!debug.is_empty());
     drop(handle);
     drop(resource);
+}
+
+/// 1,000 tensors created in a row, then all read back: every byte exact.
+pub fn burst_of_tensors_reads_back_exact<R: Runtime>(client: ComputeClient<R>) {
+    let count = 1000usize;
+    let data: Vec<Vec<u8>> = (0..count)
+        .map(|i| {
+            let len = 1 + (i * 37) % 1500;
+            (0..len).map(|j| (i * 31 + j * 7 + j / 256) as u8).collect()
+        })
+        .collect();
+    let handles: Vec<_> = data.iter().map(|d| client.create_from_slice(d)).collect();
+    let read = client.read(handles.clone());
+    assert_eq!(read.len(), count);
+    for (i, (got, want)) in read.iter().zip(&data).enumerate() {
+        assert_eq!(got.len(), want.len(), "tensor {i}: length");
+        assert!(got[..] == want[..], "tensor {i}: bytes differ");
+    }
+    for (i, handle) in handles.into_iter().enumerate().step_by(97) {
+        assert_eq!(
+            &*client.read_one(handle).unwrap(),
+            &data[i][..],
+            "tensor {i} read alone"
+        );
+    }
 }

@@ -1,0 +1,163 @@
+//! CPU rows: each against hand-written Rust doing the same work in the same run.
+
+use std::sync::mpsc;
+use std::time::Duration;
+
+use compute_core::kernel::KernelBuilder;
+use compute_core::storage::ComputeStorage;
+use compute_core::{Bytes, ComputeClient, CubeCount, KernelArguments, block_on};
+use compute_cpu::{CpuDevice, CpuKernel, CpuRuntime, CpuStorage};
+
+use super::timing::{best_per_call, calibrate, progress};
+use super::{Better, Row};
+
+const BACKEND: &str = "cpu";
+
+/// Every CPU row whose name contains `filter`.
+pub fn run(filter: &str) -> Vec<Row> {
+    let client = ComputeClient::<CpuRuntime>::load(&CpuDevice::default());
+    let mut rows = Vec::new();
+    let wanted = |name: &str| name.contains(filter);
+    if wanted("alloc") {
+        progress("cpu allocation fast path");
+        rows.push(allocation(&client));
+    }
+    if wanted("bandwidth") {
+        progress("cpu create+read bandwidth (64 MiB)");
+        rows.push(create_read_bandwidth(&client));
+    }
+    if wanted("launch") {
+        progress("cpu launch latency");
+        rows.extend(launch(&client));
+    }
+    rows
+}
+
+fn allocation(client: &ComputeClient<CpuRuntime>) -> Row {
+    let size = 4096;
+    let iters = 20_000;
+    // Warm the pool so the loop measures the steady state.
+    drop(client.empty(size));
+    block_on(client.sync()).expect("sync");
+    let ours = best_per_call(5, iters, || drop(client.empty(size)));
+    let mut storage = CpuStorage::new();
+    let raw = best_per_call(5, iters, || {
+        let h = storage.alloc(size as u64).expect("host allocation");
+        storage.dealloc(h.id);
+    });
+    Row::new(
+        BACKEND,
+        "alloc fast path (4 KiB reserve+free)",
+        1.0 / ours,
+        "pairs/s",
+        "raw storage alloc+dealloc",
+        1.0 / raw,
+        Better::Higher,
+    )
+}
+
+fn create_read_bandwidth(client: &ComputeClient<CpuRuntime>) -> Row {
+    let size = 64 << 20;
+    let reps = 5;
+    let src: Vec<u8> = (0..size).map(|i| (i % 251) as u8).collect();
+    let mut inputs: Vec<Bytes> = (0..reps + 1).map(|_| Bytes::from_slice(&src)).collect();
+    // Warm-up: the pool holds a 64 MiB slice afterwards.
+    let h = client.create(inputs.pop().expect("input"));
+    let check = client.read_one(h).expect("read");
+    assert_eq!(&check[..1024], &src[..1024]);
+    drop(check);
+    let ours = best_per_call(reps, 1, || {
+        let h = client.create(inputs.pop().expect("input"));
+        let out = client.read_one(h).expect("read");
+        assert_eq!(out.len(), size);
+    });
+    let mut dst = vec![0u8; size];
+    let raw = best_per_call(reps, 1, || {
+        dst.copy_from_slice(&src);
+        std::hint::black_box(&dst);
+    });
+    let gb = |secs: f64, bytes: usize| bytes as f64 / secs / 1e9;
+    Row::new(
+        BACKEND,
+        "create+read 64 MiB (2 copies)",
+        gb(ours, 2 * size),
+        "GB/s",
+        "memcpy 64 MiB",
+        gb(raw, size),
+        Better::Higher,
+    )
+}
+
+fn launch(client: &ComputeClient<CpuRuntime>) -> Vec<Row> {
+    let mut k = KernelBuilder::new("empty", [1, 1, 1]);
+    let out = k.output("out", compute_core::ElemType::F32, 1);
+    let _ = out;
+    let kernel: CpuKernel = k.build().expect("empty kernel").into();
+    let buffer = client.empty(4);
+    let args = KernelArguments::new().buffer(buffer.binding());
+    let launch_once = || client.launch(kernel.clone(), CubeCount::Static(1, 1, 1), args.clone());
+    launch_once();
+    block_on(client.sync()).expect("sync");
+
+    let iters = calibrate(Duration::from_millis(100), || {
+        launch_once();
+        block_on(client.sync()).expect("sync");
+    });
+    let latency = best_per_call(5, iters, || {
+        launch_once();
+        block_on(client.sync()).expect("sync");
+    });
+    let host_iters = 10_000;
+    let host = best_per_call(5, 1, || {
+        for _ in 0..host_iters {
+            launch_once();
+        }
+        block_on(client.sync()).expect("sync");
+    }) / host_iters as f64;
+
+    // Baseline: the same worker-thread round trip written by hand with std channels.
+    let (tx, rx) = mpsc::channel::<Box<dyn FnOnce() + Send>>();
+    let worker = std::thread::spawn(move || {
+        while let Ok(job) = rx.recv() {
+            job();
+        }
+    });
+    let round_trip = || {
+        let (done_tx, done_rx) = mpsc::channel::<()>();
+        tx.send(Box::new(move || {
+            let _ = done_tx.send(());
+        }))
+        .expect("worker alive");
+        done_rx.recv().expect("worker replied");
+    };
+    let raw_latency = best_per_call(5, iters, round_trip);
+    let raw_host = best_per_call(5, 1, || {
+        for _ in 0..host_iters {
+            tx.send(Box::new(|| {})).expect("worker alive");
+        }
+        round_trip();
+    }) / host_iters as f64;
+    drop(tx);
+    worker.join().expect("baseline worker");
+    let us = 1e6;
+    vec![
+        Row::new(
+            BACKEND,
+            "empty kernel launch+sync latency",
+            latency * us,
+            "us",
+            "raw worker-thread round trip",
+            raw_latency * us,
+            Better::Lower,
+        ),
+        Row::new(
+            BACKEND,
+            "launch host cost",
+            host * us,
+            "us",
+            "raw channel send of a boxed job",
+            raw_host * us,
+            Better::Lower,
+        ),
+    ]
+}

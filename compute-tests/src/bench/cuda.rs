@@ -1,0 +1,457 @@
+//! CUDA rows: each against raw cudarc (its thin `result` layer over the driver) doing the same
+//! work in the same run, on the same device and context.
+
+use std::ffi::CString;
+
+use compute_core::kernel::{KernelBuilder, KernelDefinition};
+use compute_core::{
+    Bytes, ComputeClient, CubeCount, ElemType, KernelArguments, StreamId, block_on,
+};
+use compute_cuda::cudarc::driver::{result, sys};
+use compute_cuda::cudarc::nvrtc::{CompileOptions, compile_ptx_with_opts};
+use compute_cuda::{CudaDevice, CudaKernel, CudaRuntime};
+
+use super::timing::{best_per_call, progress};
+use super::{Better, Row};
+
+const BACKEND: &str = "cuda";
+
+type Client = ComputeClient<CudaRuntime>;
+
+/// Every CUDA row whose name contains `filter`.
+pub fn run(filter: &str) -> Vec<Row> {
+    // SAFETY: NVLink multicast stays off for every NCCL use in this process (set before NCCL loads).
+    unsafe { std::env::set_var("NCCL_NVLS_ENABLE", "0") };
+    if let Err(reason) = <CudaRuntime as compute_core::Runtime>::availability() {
+        eprintln!("bench: cuda unavailable: {reason}");
+        return Vec::new();
+    }
+    let mut client = Client::load(&CudaDevice::default());
+    // SAFETY: the bench thread is the only user of this stream.
+    unsafe { client.set_stream(StreamId::fresh()) };
+    let raw = Raw::new(&client);
+    let mut rows = Vec::new();
+    let wanted = |name: &str| filter.is_empty() || name.contains(filter);
+    if wanted("launch") {
+        progress("cuda launch host cost and latency");
+        rows.extend(launch(&client, &raw));
+    }
+    if wanted("graph") {
+        progress("cuda graph replay");
+        rows.push(graph(&client, &raw));
+    }
+    if wanted("bandwidth") {
+        progress("cuda transfer bandwidth");
+        rows.extend(transfers(&client, &raw));
+        progress("cuda copy kernel bandwidth");
+        rows.push(copy_kernel(&client, &raw));
+    }
+    if wanted("alloc") {
+        progress("cuda allocation fast path");
+        rows.push(allocation(&client, &raw));
+    }
+    rows
+}
+
+/// The raw baseline: a stream of its own, modules loaded straight from NVRTC's PTX.
+struct Raw {
+    stream: sys::CUstream,
+    arch: &'static str,
+}
+
+impl Raw {
+    fn new(client: &Client) -> Self {
+        // Make the device's primary context current on this thread (the client's server did).
+        block_on(client.sync()).expect("sync");
+        let stream = result::stream::create(result::stream::StreamKind::NonBlocking)
+            .expect("cuStreamCreate");
+        let (major, minor) = client.info().compute_capability;
+        let arch: &'static str = Box::leak(format!("sm_{major}{minor}").into_boxed_str());
+        Self { stream, arch }
+    }
+
+    /// The generated CUDA C++ of `kernel` (the checked form the client launches), compiled to PTX
+    /// by NVRTC and loaded: the same code our launches run.
+    fn function(&self, kernel: &KernelDefinition) -> sys::CUfunction {
+        let generated = compute_cuda::codegen::generate(kernel, true).expect("codegen");
+        let opts = CompileOptions {
+            arch: Some(self.arch),
+            options: vec!["--std=c++17".into(), "--fmad=false".into()],
+            ..Default::default()
+        };
+        let ptx = compile_ptx_with_opts(&generated.source, opts).expect("nvrtc");
+        let src = CString::new(ptx.to_src()).expect("ptx text");
+        // SAFETY: a NUL-terminated PTX image produced by NVRTC.
+        let module = unsafe { result::module::load_data(src.as_ptr().cast()) }.expect("load");
+        // SAFETY: the module was just loaded and lives for the whole bench.
+        unsafe {
+            result::module::get_function(
+                module,
+                CString::new(compute_cuda::codegen::ENTRY).expect("name"),
+            )
+        }
+        .expect("function")
+    }
+
+    fn sync(&self) {
+        // SAFETY: the stream is alive.
+        unsafe { result::stream::synchronize(self.stream) }.expect("sync");
+    }
+}
+
+fn fill_kernel() -> KernelDefinition {
+    crate::kernels::fill_f32()
+}
+
+fn copy_def() -> KernelDefinition {
+    let mut k = KernelBuilder::new("bench_copy_f32x4", [256, 1, 1]);
+    let input = k.input("input", ElemType::F32, 4);
+    let out = k.output("out", ElemType::F32, 4);
+    let i = k.absolute_pos();
+    let v = k.load(input, i);
+    k.store(out, i, v);
+    k.build().expect("copy kernel")
+}
+
+/// Launch `f` (a `fill_f32`-shaped kernel: buffer, length, f32 scalar) on the raw stream.
+fn raw_fill(raw: &Raw, f: sys::CUfunction, ptr: u64, len: u64, cubes: u32) {
+    let mut p = ptr;
+    let mut n = len;
+    let mut value = 1.0f32;
+    let mut params: [*mut core::ffi::c_void; 3] = [
+        (&mut p as *mut u64).cast(),
+        (&mut n as *mut u64).cast(),
+        (&mut value as *mut f32).cast(),
+    ];
+    // SAFETY: the parameters match the kernel's signature and point to live locals; `ptr` is a
+    // live device range of `len` f32.
+    unsafe { result::launch_kernel(f, (cubes, 1, 1), (256, 1, 1), 0, raw.stream, &mut params) }
+        .expect("launch");
+}
+
+fn device_ptr(client: &Client, handle: &compute_core::Handle) -> u64 {
+    client
+        .get_resource(handle.clone())
+        .expect("resource")
+        .resource()
+        .ptr
+}
+
+fn launch(client: &Client, raw: &Raw) -> Vec<Row> {
+    let def = fill_kernel();
+    let kernel: CudaKernel = def.clone().into();
+    let out = client.empty(4 * 256);
+    let args = KernelArguments::new()
+        .buffer(out.clone().binding())
+        .scalar(1.0f32);
+    let once = || client.launch(kernel.clone(), CubeCount::Static(1, 1, 1), args.clone());
+    once();
+    block_on(client.sync()).expect("sync");
+    let f = raw.function(&def);
+    let ptr = device_ptr(client, &out);
+    raw_fill(raw, f, ptr, 256, 1);
+    raw.sync();
+    let n = 20_000;
+    let host = best_per_call(5, 1, || {
+        for _ in 0..n {
+            once();
+        }
+        block_on(client.sync()).expect("sync");
+    }) / n as f64;
+    let raw_host = best_per_call(5, 1, || {
+        for _ in 0..n {
+            raw_fill(raw, f, ptr, 256, 1);
+        }
+        raw.sync();
+    }) / n as f64;
+    let latency = best_per_call(5, 2000, || {
+        once();
+        block_on(client.sync()).expect("sync");
+    });
+    let raw_latency = best_per_call(5, 2000, || {
+        raw_fill(raw, f, ptr, 256, 1);
+        raw.sync();
+    });
+    let us = 1e6;
+    vec![
+        Row::new(
+            BACKEND,
+            "launch host cost (cached kernel, incl. drain)",
+            host * us,
+            "us",
+            "raw cudarc result::launch_kernel, same PTX",
+            raw_host * us,
+            Better::Lower,
+        ),
+        Row::new(
+            BACKEND,
+            "launch+sync latency",
+            latency * us,
+            "us",
+            "raw cudarc launch + cuStreamSynchronize",
+            raw_latency * us,
+            Better::Lower,
+        ),
+    ]
+}
+
+fn graph(client: &Client, raw: &Raw) -> Row {
+    let mut capture = client.clone();
+    // SAFETY: a fresh stream used by this thread only.
+    unsafe { capture.set_stream(StreamId::fresh()) };
+    let def = fill_kernel();
+    let kernel: CudaKernel = def.clone().into();
+    capture.graph_prepare().expect("graph_prepare");
+    let out = capture.empty(4 * 256);
+    let args = KernelArguments::new()
+        .buffer(out.clone().binding())
+        .scalar(1.0f32);
+    let kernels = 64;
+    let record = || {
+        for _ in 0..kernels {
+            capture.launch(kernel.clone(), CubeCount::Static(1, 1, 1), args.clone());
+        }
+    };
+    record();
+    block_on(capture.sync()).expect("sync");
+    capture.start_capture().expect("start_capture");
+    record();
+    let graph = capture.stop_capture().expect("stop_capture");
+    graph.replay().expect("replay");
+    block_on(capture.sync()).expect("sync");
+    let replays = 200;
+    let ours = best_per_call(5, 1, || {
+        for _ in 0..replays {
+            graph.replay().expect("replay");
+        }
+        block_on(capture.sync()).expect("sync");
+    }) / (replays * kernels) as f64;
+    let f = raw.function(&def);
+    let ptr = device_ptr(&capture, &out);
+    let direct = best_per_call(5, 1, || {
+        for _ in 0..replays * kernels {
+            raw_fill(raw, f, ptr, 256, 1);
+        }
+        raw.sync();
+    }) / (replays * kernels) as f64;
+    drop(graph);
+    Row::new(
+        BACKEND,
+        "graph replay per kernel (64-kernel graph)",
+        ours * 1e6,
+        "us",
+        "raw cudarc launches of the same kernels",
+        direct * 1e6,
+        Better::Lower,
+    )
+}
+
+fn transfers(client: &Client, raw: &Raw) -> Vec<Row> {
+    let mut rows = Vec::new();
+    for &size in &[4usize << 10, 1 << 20, 64 << 20, 1 << 30] {
+        let reps = if size >= 1 << 30 {
+            3
+        } else if size >= 64 << 20 {
+            10
+        } else {
+            200
+        };
+        let handle = client.empty(size);
+        let mut pinned = Bytes::from_vec(vec![7u8; size]);
+        client.staging([&mut pinned].into_iter(), false);
+        let pageable = Bytes::from_vec(vec![5u8; size]);
+        let dst_ptr = device_ptr(client, &handle);
+        let pinned_ptr = pinned.as_ptr();
+        let label = human(size);
+        // Ours, pinned: the staged bytes go straight to the device.
+        let h2d = |bytes: &Bytes, pinned: bool| {
+            let copy =
+                Bytes::from_host_buffer(Box::new(Borrowed(bytes.as_ptr(), bytes.len(), pinned)));
+            client.write(&handle, copy);
+        };
+        let time = |f: &dyn Fn()| {
+            f();
+            block_on(client.sync()).expect("sync");
+            best_per_call(3, 1, || {
+                for _ in 0..reps {
+                    f();
+                }
+                block_on(client.sync()).expect("sync");
+            }) / reps as f64
+        };
+        let ours_pinned = time(&|| h2d(&pinned, true));
+        let ours_pageable = time(&|| h2d(&pageable, false));
+        let raw_h2d = best_per_call(3, 1, || {
+            for _ in 0..reps {
+                // SAFETY: `pinned_ptr` holds `size` pinned bytes; `dst_ptr` is a live range of
+                // `size` bytes; the copy completes before the sync below returns.
+                let slice = unsafe { core::slice::from_raw_parts(pinned_ptr, size) };
+                // SAFETY: as above.
+                unsafe { result::memcpy_htod_async(dst_ptr, slice, raw.stream) }.expect("htod");
+            }
+            raw.sync();
+        }) / reps as f64;
+        let ours_d2h = {
+            drop(client.read_one(handle.clone()).expect("read"));
+            best_per_call(3, 1, || {
+                for _ in 0..reps {
+                    drop(client.read_one(handle.clone()).expect("read"));
+                }
+            }) / reps as f64
+        };
+        let mut host_dst = Bytes::from_vec(vec![0u8; size]);
+        client.staging([&mut host_dst].into_iter(), false);
+        let host_dst_ptr = host_dst.as_ptr().cast_mut();
+        let raw_d2h = best_per_call(3, 1, || {
+            for _ in 0..reps {
+                // SAFETY: `host_dst_ptr` holds `size` pinned bytes, written only by this copy.
+                let slice = unsafe { core::slice::from_raw_parts_mut(host_dst_ptr, size) };
+                // SAFETY: as above; the source is a live device range of `size` bytes.
+                unsafe { result::memcpy_dtoh_async(slice, dst_ptr, raw.stream) }.expect("dtoh");
+                raw.sync();
+            }
+        }) / reps as f64;
+        let gbs = |secs: f64| size as f64 / secs / 1e9;
+        rows.push(Row::new(
+            BACKEND,
+            &format!("H2D bandwidth {label} pinned"),
+            gbs(ours_pinned),
+            "GB/s",
+            "raw cudarc pinned cuMemcpyHtoDAsync",
+            gbs(raw_h2d),
+            Better::Higher,
+        ));
+        rows.push(Row::new(
+            BACKEND,
+            &format!("H2D bandwidth {label} pageable"),
+            gbs(ours_pageable),
+            "GB/s",
+            "raw cudarc pinned cuMemcpyHtoDAsync",
+            gbs(raw_h2d),
+            Better::Higher,
+        ));
+        rows.push(Row::new(
+            BACKEND,
+            &format!("D2H bandwidth {label} (read into pinned)"),
+            gbs(ours_d2h),
+            "GB/s",
+            "raw cudarc pinned cuMemcpyDtoHAsync + sync",
+            gbs(raw_d2h),
+            Better::Higher,
+        ));
+        drop(host_dst);
+        drop(pinned);
+    }
+    rows
+}
+
+/// Host bytes borrowed from pinned memory the bench keeps alive (reported as pinned).
+struct Borrowed(*const u8, usize, bool);
+
+// SAFETY: the pointed-to buffer outlives every use (the bench syncs before dropping it).
+unsafe impl Send for Borrowed {}
+// SAFETY: as above; only read.
+unsafe impl Sync for Borrowed {}
+
+impl compute_core::HostBuffer for Borrowed {
+    fn as_bytes(&self) -> &[u8] {
+        // SAFETY: the buffer holds `len` bytes and outlives this value (see the Send impl).
+        unsafe { core::slice::from_raw_parts(self.0, self.1) }
+    }
+    fn as_bytes_mut(&mut self) -> &mut [u8] {
+        unreachable!("the bench never writes through a borrowed buffer")
+    }
+    fn is_pinned(&self) -> bool {
+        self.2
+    }
+}
+
+fn copy_kernel(client: &Client, raw: &Raw) -> Row {
+    let bytes = 1usize << 30;
+    let elems = bytes / 4;
+    let def = copy_def();
+    let kernel: CudaKernel = def.clone().into();
+    let input = client.empty(bytes);
+    let out = client.empty(bytes);
+    let cubes = (elems / 4).div_ceil(256) as u32;
+    let args = KernelArguments::new()
+        .buffer(input.clone().binding())
+        .buffer(out.clone().binding());
+    let launch = || client.launch(kernel.clone(), CubeCount::Static(cubes, 1, 1), args.clone());
+    launch();
+    block_on(client.sync()).expect("sync");
+    let reps = 20;
+    let ours = best_per_call(3, 1, || {
+        for _ in 0..reps {
+            launch();
+        }
+        block_on(client.sync()).expect("sync");
+    }) / reps as f64;
+    let f = raw.function(&def);
+    let (pi, po) = (device_ptr(client, &input), device_ptr(client, &out));
+    let raw_launch = || {
+        let (mut a, mut b) = (pi, po);
+        let (mut la, mut lb) = ((elems / 4) as u64, (elems / 4) as u64);
+        let mut params: [*mut core::ffi::c_void; 4] = [
+            (&mut a as *mut u64).cast(),
+            (&mut la as *mut u64).cast(),
+            (&mut b as *mut u64).cast(),
+            (&mut lb as *mut u64).cast(),
+        ];
+        // SAFETY: parameters match the copy kernel's signature; both ranges hold `bytes` bytes.
+        unsafe { result::launch_kernel(f, (cubes, 1, 1), (256, 1, 1), 0, raw.stream, &mut params) }
+            .expect("launch");
+    };
+    raw_launch();
+    raw.sync();
+    let direct = best_per_call(3, 1, || {
+        for _ in 0..reps {
+            raw_launch();
+        }
+        raw.sync();
+    }) / reps as f64;
+    let tbs = |secs: f64| 2.0 * bytes as f64 / secs / 1e12;
+    Row::new(
+        BACKEND,
+        "copy kernel bandwidth 1 GiB f32x4 (read+write)",
+        tbs(ours),
+        "TB/s",
+        "raw cudarc launch of the same PTX",
+        tbs(direct),
+        Better::Higher,
+    )
+}
+
+fn allocation(client: &Client, raw: &Raw) -> Row {
+    let size = 4096;
+    let iters = 50_000;
+    drop(client.empty(size));
+    block_on(client.sync()).expect("sync");
+    let ours = best_per_call(5, iters, || drop(client.empty(size)));
+    let driver = best_per_call(5, iters, || {
+        // SAFETY: a stream-ordered allocation freed right after on the same stream.
+        let ptr = unsafe { result::malloc_async(raw.stream, size) }.expect("cuMemAllocAsync");
+        // SAFETY: allocated just above on this stream, unused.
+        unsafe { result::free_async(ptr, raw.stream) }.expect("cuMemFreeAsync");
+    });
+    raw.sync();
+    Row::new(
+        BACKEND,
+        "alloc fast path (4 KiB reserve+free)",
+        1.0 / ours,
+        "pairs/s",
+        "cuMemAllocAsync+cuMemFreeAsync",
+        1.0 / driver,
+        Better::Higher,
+    )
+}
+
+fn human(size: usize) -> String {
+    if size >= 1 << 30 {
+        format!("{} GiB", size >> 30)
+    } else if size >= 1 << 20 {
+        format!("{} MiB", size >> 20)
+    } else {
+        format!("{} KiB", size >> 10)
+    }
+}

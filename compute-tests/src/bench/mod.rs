@@ -1,0 +1,64 @@
+//! Benchmarks behind `cargo xtask bench`: every figure beside a baseline measured in the same run.
+
+pub mod timing;
+
+#[cfg(feature = "cpu")]
+pub mod cpu;
+
+use serde::Serialize;
+
+/// One benchmark figure and its baseline.
+#[derive(Debug, Clone, Serialize)]
+pub struct Row {
+    /// Backend name.
+    pub backend: String,
+    /// What was measured.
+    pub name: String,
+    /// Our figure.
+    pub value: f64,
+    /// Its unit.
+    pub unit: String,
+    /// What the baseline is.
+    pub baseline_name: String,
+    /// The baseline's figure, same unit.
+    pub baseline_value: f64,
+    /// `value / baseline_value` for throughputs, `baseline_value / value` for latencies: above 1
+    /// means faster than the baseline either way.
+    pub ratio: f64,
+}
+
+/// Whether bigger numbers are better for a unit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Better {
+    /// Throughput-like (GB/s, ops/s).
+    Higher,
+    /// Latency-like (us, ns).
+    Lower,
+}
+
+impl Row {
+    /// A row, computing the ratio so that above 1 always means "faster than the baseline".
+    pub fn new(
+        backend: &str,
+        name: &str,
+        value: f64,
+        unit: &str,
+        baseline_name: &str,
+        baseline_value: f64,
+        better: Better,
+    ) -> Self {
+        let ratio = match better {
+            Better::Higher => value / baseline_value,
+            Better::Lower => baseline_value / value,
+        };
+        Self {
+            backend: backend.into(),
+            name: name.into(),
+            value,
+            unit: unit.into(),
+            baseline_name: baseline_name.into(),
+            baseline_value,
+            ratio,
+        }
+    }
+}

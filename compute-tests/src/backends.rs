@@ -20,6 +20,11 @@ pub fn enabled() -> Vec<BackendEntry> {
         name: compute_cpu::CpuRuntime::name(),
         availability: compute_cpu::CpuRuntime::availability,
     });
+    #[cfg(feature = "wgpu")]
+    list.push(BackendEntry {
+        name: compute_wgpu::WgpuRuntime::name(),
+        availability: compute_wgpu::WgpuRuntime::availability,
+    });
     list
 }
 

@@ -2,3 +2,5 @@
 
 #[cfg(feature = "cpu")]
 compute_tests::conformance_suite!(cpu, compute_cpu::CpuRuntime);
+#[cfg(feature = "wgpu")]
+compute_tests::conformance_suite!(wgpu, compute_wgpu::WgpuRuntime);

@@ -230,9 +230,6 @@ fn check_launch_names_the_kernel_and_argument() {
     assert!(def.check_launch(&[ok, ok], &[]).is_err());
 }
 
-// Off until compute-core lists `serde_json` under [dev-dependencies] (one line in Cargo.toml);
-// then drop the `cfg`.
-#[cfg(any())]
 #[test]
 fn definitions_round_trip_through_serde() {
     let def = axpy(4);

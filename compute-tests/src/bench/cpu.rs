@@ -30,6 +30,7 @@ pub fn run(filter: &str) -> Vec<Row> {
         progress("cpu launch latency");
         rows.extend(launch(&client));
     }
+    rows.extend(super::cpu_kernels::run(&client, filter));
     rows
 }
 

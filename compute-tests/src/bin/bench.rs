@@ -27,6 +27,8 @@ fn main() {
         match backend.as_str() {
             #[cfg(feature = "cpu")]
             "cpu" => rows.extend(compute_tests::bench::cpu::run(&filter)),
+            #[cfg(feature = "wgpu")]
+            "wgpu" => rows.extend(compute_tests::bench::wgpu::run(&filter)),
             other => eprintln!("bench: no benchmarks for backend {other} in this build"),
         }
     }

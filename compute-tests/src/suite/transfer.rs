@@ -236,14 +236,23 @@ pub fn staging_materializes<R: Runtime>(client: ComputeClient<R>) {
     assert_eq!(&*lazy, &[5, 6]);
 }
 
-/// `get_resource` returns the storage behind a handle of this client.
-pub fn get_resource_of_own_handle<R: Runtime>(client: ComputeClient<R>) {
+/// `get_resource` returns the storage behind a handle, and keeps the allocation alive.
+pub fn get_resource_of_own_handle<R: Runtime>(mut client: ComputeClient<R>) {
+    // SAFETY: a fresh stream used by this test's thread only.
+    unsafe { client.set_stream(compute_core::StreamId::fresh()) };
     let handle = client.create(f32_bytes(&[1.0, 2.0]));
+    let live = client.stream_memory_usage().unwrap().number_allocs;
     let resource = client.get_resource(handle.clone()).unwrap();
-    let debug = format!("{:?}", resource.resource());
-    assert!(!debug.is_empty());
+    assert!(!format!("{:?}", resource.resource()).is_empty());
     drop(handle);
+    sync(&client);
+    assert_eq!(
+        client.stream_memory_usage().unwrap().number_allocs,
+        live,
+        "the resource keeps its allocation alive"
+    );
     drop(resource);
+    assert_eq!(client.stream_memory_usage().unwrap().number_allocs, live - 1);
 }
 
 /// 1,000 tensors created in a row, then all read back: every byte exact.

@@ -1,0 +1,283 @@
+//! wgpu rows: each against raw wgpu doing the same work in the same run, on its own device of the
+//! same adapter.
+
+use compute_core::kernel::{KernelBuilder, KernelDefinition};
+use compute_core::{Bytes, ComputeClient, CubeCount, ElemType, KernelArguments, block_on};
+use compute_wgpu::compiler::{ShaderCapabilities, compile};
+use compute_wgpu::{WgpuDevice, WgpuKernel, WgpuRuntime, wgpu};
+
+use super::timing::{best_per_call, progress};
+use super::{Better, Row};
+
+const BACKEND: &str = "wgpu";
+
+/// Every wgpu row whose name contains `filter` (none when wgpu has no adapter here).
+pub fn run(filter: &str) -> Vec<Row> {
+    if let Err(reason) = compute_wgpu::availability() {
+        eprintln!("bench: wgpu unavailable: {reason}");
+        return Vec::new();
+    }
+    let client = ComputeClient::<WgpuRuntime>::load(&WgpuDevice::default());
+    let (device, queue) = match compute_wgpu::raw_device(WgpuDevice::default()) {
+        Ok(pair) => pair,
+        Err(e) => {
+            eprintln!("bench: raw wgpu device: {e}");
+            return Vec::new();
+        }
+    };
+    let raw = Raw { device, queue };
+    let mut rows = Vec::new();
+    let wanted = |name: &str| name.contains(filter);
+    if wanted("launch") {
+        progress("wgpu launch latency and host cost");
+        rows.extend(launch(&client, &raw));
+    }
+    if wanted("bandwidth") {
+        progress("wgpu copy kernel, upload and readback bandwidth (64 MiB)");
+        rows.extend(bandwidth(&client, &raw));
+    }
+    rows
+}
+
+struct Raw {
+    device: wgpu::Device,
+    queue: wgpu::Queue,
+}
+
+impl Raw {
+    fn wait(&self) {
+        let _ = self.device.poll(wgpu::PollType::wait_indefinitely());
+    }
+
+    fn buffer(&self, size: u64, usage: wgpu::BufferUsages) -> wgpu::Buffer {
+        self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: None,
+            size,
+            usage,
+            mapped_at_creation: false,
+        })
+    }
+
+    /// The pipeline of a portable kernel compiled by the backend's own compiler (same WGSL),
+    /// with buffers bound whole and a zeroed info buffer holding `lens`.
+    fn pipeline(&self, kernel: &KernelDefinition, buffers: &[&wgpu::Buffer], item: u64) -> (wgpu::ComputePipeline, wgpu::BindGroup) {
+        let caps = ShaderCapabilities::from_features(self.device.features());
+        let compiled = compile(kernel, caps, false).expect("bench kernel compiles");
+        let module = self.device.create_shader_module(wgpu::ShaderModuleDescriptor {
+            label: None,
+            source: wgpu::ShaderSource::Wgsl(compiled.source.as_str().into()),
+        });
+        let pipeline = self.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+            label: None,
+            layout: None,
+            module: &module,
+            entry_point: Some("main"),
+            compilation_options: Default::default(),
+            cache: None,
+        });
+        let mut info = vec![0u32; compiled.info.fixed_words as usize];
+        for (k, b) in buffers.iter().enumerate() {
+            let h = (compiled.info.header_offset + 4 * k as u32) as usize;
+            info[h + 1] = (b.size() / item) as u32;
+        }
+        let info_buffer = self.buffer((info.len().max(1) * 4) as u64, wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST);
+        self.queue.write_buffer(&info_buffer, 0, bytemuck::cast_slice(&info));
+        let mut entries: Vec<wgpu::BindGroupEntry<'_>> = buffers
+            .iter()
+            .enumerate()
+            .map(|(i, b)| wgpu::BindGroupEntry {
+                binding: i as u32,
+                resource: b.as_entire_binding(),
+            })
+            .collect();
+        entries.push(wgpu::BindGroupEntry {
+            binding: buffers.len() as u32,
+            resource: info_buffer.as_entire_binding(),
+        });
+        let layout = pipeline.get_bind_group_layout(0);
+        let group = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: None,
+            layout: &layout,
+            entries: &entries,
+        });
+        (pipeline, group)
+    }
+
+    fn dispatch(&self, pipeline: &wgpu::ComputePipeline, group: &wgpu::BindGroup, count: u32, times: usize) {
+        let mut encoder = self.device.create_command_encoder(&Default::default());
+        {
+            let mut pass = encoder.begin_compute_pass(&Default::default());
+            pass.set_pipeline(pipeline);
+            for _ in 0..times {
+                pass.set_bind_group(0, group, &[]);
+                pass.dispatch_workgroups(count, 1, 1);
+            }
+        }
+        self.queue.submit([encoder.finish()]);
+    }
+}
+
+fn store_kernel() -> KernelDefinition {
+    let mut k = KernelBuilder::new("bench_store", [64, 1, 1]);
+    let out = k.output("out", ElemType::F32, 1);
+    let i = k.absolute_pos();
+    k.store(out, i, 1.0f32);
+    k.build().expect("store kernel")
+}
+
+fn copy_kernel() -> KernelDefinition {
+    let mut k = KernelBuilder::new("bench_copy", [256, 1, 1]);
+    let input = k.input("input", ElemType::F32, 4);
+    let out = k.output("out", ElemType::F32, 4);
+    let i = k.absolute_pos();
+    let v = k.load(input, i);
+    k.store(out, i, v);
+    k.build().expect("copy kernel")
+}
+
+fn launch(client: &ComputeClient<WgpuRuntime>, raw: &Raw) -> Vec<Row> {
+    let definition = store_kernel();
+    let kernel: WgpuKernel = definition.clone().into();
+    let out = client.empty(64 * 4);
+    let args = KernelArguments::new().buffer(out.binding());
+    // SAFETY: one cube of 64 units stores into a buffer of exactly 64 f32.
+    let launch_once = || unsafe { client.launch_unchecked(kernel.clone(), CubeCount::Static(1, 1, 1), args.clone()) };
+    launch_once();
+    block_on(client.sync()).expect("sync");
+    let iters = 200;
+    let latency = best_per_call(5, iters, || {
+        launch_once();
+        block_on(client.sync()).expect("sync");
+    });
+    let host_iters = 2_000;
+    let host = best_per_call(3, 1, || {
+        for _ in 0..host_iters {
+            launch_once();
+        }
+        block_on(client.sync()).expect("sync");
+    }) / host_iters as f64;
+
+    let buffer = raw.buffer(64 * 4, wgpu::BufferUsages::STORAGE);
+    let (pipeline, group) = raw.pipeline(&definition, &[&buffer], 4);
+    raw.dispatch(&pipeline, &group, 1, 1);
+    raw.wait();
+    let raw_latency = best_per_call(5, iters, || {
+        raw.dispatch(&pipeline, &group, 1, 1);
+        raw.wait();
+    });
+    let raw_host = best_per_call(3, 1, || {
+        raw.dispatch(&pipeline, &group, 1, host_iters);
+        raw.wait();
+    }) / host_iters as f64;
+    let us = 1e6;
+    vec![
+        Row::new(
+            BACKEND,
+            "launch+sync latency (1 cube)",
+            latency * us,
+            "us",
+            "raw wgpu dispatch+submit+poll",
+            raw_latency * us,
+            Better::Lower,
+        ),
+        Row::new(
+            BACKEND,
+            "launch host cost (2000 launches + sync)",
+            host * us,
+            "us",
+            "raw wgpu: 2000 dispatches in one pass + submit + poll",
+            raw_host * us,
+            Better::Lower,
+        ),
+    ]
+}
+
+fn bandwidth(client: &ComputeClient<WgpuRuntime>, raw: &Raw) -> Vec<Row> {
+    let size: usize = 64 << 20;
+    let gb = |secs: f64, bytes: usize| bytes as f64 / secs / 1e9;
+    let src: Vec<u8> = (0..size).map(|i| (i % 251) as u8).collect();
+
+    // Copy kernel against copy_buffer_to_buffer.
+    let kernel: WgpuKernel = copy_kernel().into();
+    let input = client.create(Bytes::from_slice(&src));
+    let output = client.empty(size);
+    let count = CubeCount::cover(size / 16, 256);
+    let args = KernelArguments::new().buffer(input.clone().binding()).buffer(output.clone().binding());
+    // SAFETY: the launch covers size / 16 vec4 items of both buffers exactly (size is a multiple of 4096).
+    let copy = || unsafe { client.launch_unchecked(kernel.clone(), count.clone(), args.clone()) };
+    copy();
+    block_on(client.sync()).expect("sync");
+    let ours_copy = best_per_call(5, 1, || {
+        copy();
+        block_on(client.sync()).expect("sync");
+    });
+    let usage = wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST;
+    let a = raw.buffer(size as u64, usage);
+    let b = raw.buffer(size as u64, usage);
+    let raw_copy = best_per_call(5, 1, || {
+        let mut encoder = raw.device.create_command_encoder(&Default::default());
+        encoder.copy_buffer_to_buffer(&a, 0, &b, 0, Some(size as u64));
+        raw.queue.submit([encoder.finish()]);
+        raw.wait();
+    });
+
+    // Upload: create (write_buffer + sync) against write_buffer + submit + poll.
+    let handle = client.empty(size);
+    let upload = best_per_call(5, 1, || {
+        client.write(&handle, Bytes::from_slice(&src));
+        block_on(client.sync()).expect("sync");
+    });
+    let raw_upload = best_per_call(5, 1, || {
+        raw.queue.write_buffer(&a, 0, &src);
+        raw.queue.submit([]);
+        raw.wait();
+    });
+
+    // Readback: read_one against copy to a mapped buffer.
+    let readback = best_per_call(5, 1, || {
+        let bytes = client.read_one(handle.clone()).expect("read");
+        assert_eq!(bytes.len(), size);
+    });
+    let raw_readback = best_per_call(5, 1, || {
+        let staging = raw.buffer(size as u64, wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST);
+        let mut encoder = raw.device.create_command_encoder(&Default::default());
+        encoder.copy_buffer_to_buffer(&a, 0, &staging, 0, Some(size as u64));
+        raw.queue.submit([encoder.finish()]);
+        staging.slice(..).map_async(wgpu::MapMode::Read, |_| {});
+        raw.wait();
+        let view = staging.slice(..).get_mapped_range().expect("mapped");
+        let copy = view.to_vec();
+        drop(view);
+        staging.unmap();
+        assert_eq!(copy.len(), size);
+    });
+    vec![
+        Row::new(
+            BACKEND,
+            "copy kernel 64 MiB (read+write)",
+            gb(ours_copy, 2 * size),
+            "GB/s",
+            "raw wgpu copy_buffer_to_buffer 64 MiB",
+            gb(raw_copy, 2 * size),
+            Better::Higher,
+        ),
+        Row::new(
+            BACKEND,
+            "upload 64 MiB (write + sync)",
+            gb(upload, size),
+            "GB/s",
+            "raw wgpu write_buffer + submit + poll",
+            gb(raw_upload, size),
+            Better::Higher,
+        ),
+        Row::new(
+            BACKEND,
+            "readback 64 MiB (read_one)",
+            gb(readback, size),
+            "GB/s",
+            "raw wgpu copy + map_async + copy out",
+            gb(raw_readback, size),
+            Better::Higher,
+        ),
+    ]
+}

@@ -1,0 +1,838 @@
+//! The WGSL code generator.
+
+use core::fmt::Write as _;
+
+use compute_core::kernel::{
+    Access, AtomicOp, BinaryOp, Block, Builtin, CmpOp, Item, KernelDefinition, MemRef, Op, PlaneOp,
+    ScalarValue, Stmt, UnaryOp, ValueId,
+};
+use compute_core::{ElemType, ServerError};
+use hashbrown::HashSet;
+
+use super::{CompiledKernel, HEADER_WORDS, InfoLayout, ShaderCapabilities};
+
+type Result<T> = core::result::Result<T, ServerError>;
+
+/// Compile `kernel` to WGSL for a device with `caps`; `checked` adds the bounds checks of
+/// `launch` to global memory accesses.
+///
+/// # Errors
+/// [`ServerError::Unsupported`] naming the element type, vector width or operation the device (or
+/// this backend) lacks.
+pub fn compile(
+    kernel: &KernelDefinition,
+    caps: ShaderCapabilities,
+    checked: bool,
+) -> Result<CompiledKernel> {
+    let mut g = Gen::new(kernel, caps, checked);
+    g.check_types()?;
+    g.collect_atomics(kernel.body());
+    g.kernel(kernel)?;
+    Ok(CompiledKernel {
+        source: g.out,
+        info: g.info.clone(),
+        buffer_item_sizes: kernel
+            .buffers()
+            .iter()
+            .map(|b| b.item().size() as u64)
+            .collect(),
+    })
+}
+
+struct Gen<'a> {
+    def: &'a KernelDefinition,
+    caps: ShaderCapabilities,
+    checked: bool,
+    out: String,
+    info: InfoLayout,
+    atomics: HashSet<MemRef>,
+    tmp: u32,
+    uses_f16: bool,
+}
+
+fn unsupported(kernel: &KernelDefinition, what: impl core::fmt::Display) -> ServerError {
+    ServerError::Unsupported(format!("wgpu: kernel `{}` uses {what}", kernel.name()))
+}
+
+impl<'a> Gen<'a> {
+    fn new(def: &'a KernelDefinition, caps: ShaderCapabilities, checked: bool) -> Self {
+        let mut offset = 0u32;
+        let mut scalar_offsets = Vec::with_capacity(def.scalars().len());
+        for scalar in def.scalars() {
+            scalar_offsets.push(offset);
+            offset += if scalar.elem.size() == 8 { 2 } else { 1 };
+        }
+        let header_offset = offset;
+        let fixed_words = header_offset + HEADER_WORDS * def.buffers().len() as u32;
+        Self {
+            def,
+            caps,
+            checked,
+            out: String::new(),
+            info: InfoLayout {
+                scalar_offsets,
+                header_offset,
+                fixed_words,
+            },
+            atomics: HashSet::new(),
+            tmp: 0,
+            uses_f16: false,
+        }
+    }
+
+    fn fresh(&mut self) -> u32 {
+        self.tmp += 1;
+        self.tmp
+    }
+
+    // ------------------------------------------------------------------------------------------
+    // Types
+    // ------------------------------------------------------------------------------------------
+
+    fn check_elem(&mut self, elem: ElemType, context: &str) -> Result<()> {
+        let (ok, feature) = match elem {
+            ElemType::Bool | ElemType::I32 | ElemType::U32 | ElemType::F32 => (true, ""),
+            ElemType::F16 => (self.caps.f16, " (the adapter lacks SHADER_F16)"),
+            ElemType::F64 => (self.caps.f64, " (the adapter lacks SHADER_F64)"),
+            ElemType::I64 | ElemType::U64 => (self.caps.int64, " (the adapter lacks SHADER_INT64)"),
+            ElemType::I8 | ElemType::I16 | ElemType::U8 | ElemType::U16 | ElemType::BF16 => (
+                false,
+                " (WGSL has no such type; the wgpu backend does not emulate it)",
+            ),
+        };
+        if elem == ElemType::F16 {
+            self.uses_f16 = true;
+        }
+        if ok {
+            Ok(())
+        } else {
+            Err(unsupported(
+                self.def,
+                format!("{elem} in {context}{feature}"),
+            ))
+        }
+    }
+
+    fn check_item(&mut self, item: Item, context: &str) -> Result<()> {
+        self.check_elem(item.elem, context)?;
+        if !matches!(item.width, 1 | 2 | 4) {
+            return Err(unsupported(
+                self.def,
+                format!(
+                    "vector width {} in {context} (WGSL vectors have 2 to 4 components; widths 8 and 16 are not supported)",
+                    item.width
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    fn check_types(&mut self) -> Result<()> {
+        let def = self.def;
+        for b in def.buffers() {
+            if b.elem == ElemType::Bool {
+                return Err(unsupported(
+                    def,
+                    format!("a bool buffer `{}` (WGSL storage cannot hold bool)", b.name),
+                ));
+            }
+            self.check_item(b.item(), &format!("buffer `{}`", b.name))?;
+        }
+        for s in def.scalars() {
+            self.check_elem(s.elem, &format!("scalar `{}`", s.name))?;
+        }
+        for s in def.shared() {
+            self.check_item(s.item, &format!("shared array `{}`", s.name))?;
+        }
+        for l in def.local_arrays() {
+            self.check_item(l.item, &format!("local array `{}`", l.name))?;
+        }
+        for v in def.vars() {
+            self.check_item(v.item, &format!("variable `{}`", v.name))?;
+        }
+        for (i, item) in def.values().iter().enumerate() {
+            self.check_item(*item, &format!("value {i}"))?;
+        }
+        Ok(())
+    }
+
+    fn collect_atomics(&mut self, block: &Block) {
+        for stmt in &block.stmts {
+            match stmt {
+                Stmt::Let {
+                    op: Op::Atomic { mem, .. },
+                    ..
+                } => {
+                    self.atomics.insert(*mem);
+                }
+                Stmt::If {
+                    then, otherwise, ..
+                } => {
+                    self.collect_atomics(then);
+                    self.collect_atomics(otherwise);
+                }
+                Stmt::Range { body, .. } | Stmt::Loop { body } => self.collect_atomics(body),
+                _ => {}
+            }
+        }
+    }
+
+    fn item(&self, v: ValueId) -> Item {
+        self.def.values()[v.0 as usize]
+    }
+
+    fn mem_item(&self, mem: MemRef) -> Item {
+        match mem {
+            MemRef::Global(i) => self.def.buffers()[i as usize].item(),
+            MemRef::Shared(i) => self.def.shared()[i as usize].item,
+            MemRef::Local(i) => self.def.local_arrays()[i as usize].item,
+        }
+    }
+
+    fn mem_name(mem: MemRef) -> String {
+        match mem {
+            MemRef::Global(i) => format!("b{i}"),
+            MemRef::Shared(i) => format!("s{i}"),
+            MemRef::Local(i) => format!("l{i}"),
+        }
+    }
+
+    /// Length of a memory, as a `u32` expression.
+    fn mem_len(&self, mem: MemRef) -> String {
+        match mem {
+            MemRef::Global(i) => format!("_len{i}"),
+            MemRef::Shared(i) => format!("{}u", self.def.shared()[i as usize].len),
+            MemRef::Local(i) => format!("{}u", self.def.local_arrays()[i as usize].len),
+        }
+    }
+
+    /// The element reference `mem[index]` (the index a `u32` expression).
+    fn mem_at(mem: MemRef, index: &str) -> String {
+        match mem {
+            MemRef::Global(i) => format!("b{i}[_base{i} + {index}]"),
+            _ => format!("{}[{index}]", Self::mem_name(mem)),
+        }
+    }
+
+    fn bounds_checked(&self, mem: MemRef) -> bool {
+        !matches!(mem, MemRef::Global(_)) || self.checked
+    }
+
+    fn atomic_ty(&self, mem: MemRef) -> Result<String> {
+        let item = self.mem_item(mem);
+        match (item.elem, item.width) {
+            (ElemType::U32 | ElemType::I32, 1) => Ok(format!("atomic<{}>", scalar_ty(item.elem))),
+            (ElemType::F32, 1) if self.caps.float32_atomics => Ok("atomic<f32>".into()),
+            (ElemType::F32, 1) => Err(unsupported(
+                self.def,
+                "f32 atomics (the adapter lacks SHADER_FLOAT32_ATOMIC)",
+            )),
+            _ => Err(unsupported(
+                self.def,
+                format!("atomics on {item} (wgpu has 32-bit integer atomics)"),
+            )),
+        }
+    }
+
+    // ------------------------------------------------------------------------------------------
+    // Declarations
+    // ------------------------------------------------------------------------------------------
+
+    fn kernel(&mut self, def: &KernelDefinition) -> Result<()> {
+        let mut body = String::new();
+        core::mem::swap(&mut self.out, &mut body);
+        self.block(def.body(), 1)?;
+        core::mem::swap(&mut self.out, &mut body);
+
+        let mut head = String::new();
+        if self.uses_f16 {
+            head.push_str("enable f16;\n\n");
+        }
+        for (k, b) in def.buffers().iter().enumerate() {
+            let mem = MemRef::Global(k as u32);
+            let ty = if self.atomics.contains(&mem) {
+                if b.access == Access::ReadOnly {
+                    return Err(ServerError::Compilation(format!(
+                        "kernel `{}`: atomic on read-only buffer `{}`",
+                        def.name(),
+                        b.name
+                    )));
+                }
+                self.atomic_ty(mem)?
+            } else {
+                item_ty(b.item())
+            };
+            let _ = writeln!(
+                head,
+                "@group(0) @binding({k}) var<storage, read_write> b{k}: array<{ty}>;"
+            );
+        }
+        let _ = writeln!(
+            head,
+            "@group(0) @binding({}) var<storage, read> info: array<u32>;",
+            def.buffers().len()
+        );
+        for (k, s) in def.shared().iter().enumerate() {
+            let mem = MemRef::Shared(k as u32);
+            let ty = if self.atomics.contains(&mem) {
+                self.atomic_ty(mem)?
+            } else {
+                item_ty(s.item)
+            };
+            let _ = writeln!(head, "var<workgroup> s{k}: array<{ty}, {}>;", s.len.max(1));
+        }
+        let [x, y, z] = def.cube_dim();
+        let _ = write!(
+            head,
+            "\n@compute @workgroup_size({x}, {y}, {z})\nfn main(@builtin(local_invocation_id) lid: vec3<u32>, \
+             @builtin(local_invocation_index) lidx: u32, @builtin(workgroup_id) wid: vec3<u32>, \
+             @builtin(num_workgroups) nwg: vec3<u32>"
+        );
+        if self.caps.subgroups {
+            head.push_str(", @builtin(subgroup_size) sg_size: u32, @builtin(subgroup_invocation_id) sg_id: u32");
+        }
+        head.push_str(") {\n");
+        let _ = writeln!(head, "    let _cube_dim = vec3<u32>({x}u, {y}u, {z}u);");
+        head.push_str("    let _cube_pos = wid.x + wid.y * nwg.x + wid.z * nwg.x * nwg.y;\n");
+        for k in 0..def.buffers().len() {
+            let h = self.info.header_offset + HEADER_WORDS * k as u32;
+            let _ = writeln!(head, "    let _base{k} = info[{h}u];");
+            let _ = writeln!(head, "    let _len{k} = info[{}u];", h + 1);
+        }
+        for (k, l) in def.local_arrays().iter().enumerate() {
+            let mem = MemRef::Local(k as u32);
+            let ty = if self.atomics.contains(&mem) {
+                return Err(unsupported(def, "atomics on a local array"));
+            } else {
+                item_ty(l.item)
+            };
+            let _ = writeln!(head, "    var l{k}: array<{ty}, {}>;", l.len.max(1));
+        }
+        head.push_str(&body);
+        head.push_str("}\n");
+        self.out = head;
+        Ok(())
+    }
+
+    // ------------------------------------------------------------------------------------------
+    // Statements
+    // ------------------------------------------------------------------------------------------
+
+    fn line(&mut self, depth: usize, text: &str) {
+        for _ in 0..depth {
+            self.out.push_str("    ");
+        }
+        self.out.push_str(text);
+        self.out.push('\n');
+    }
+
+    fn block(&mut self, block: &Block, depth: usize) -> Result<()> {
+        for stmt in &block.stmts {
+            self.stmt(stmt, depth)?;
+        }
+        Ok(())
+    }
+
+    fn stmt(&mut self, stmt: &Stmt, depth: usize) -> Result<()> {
+        match stmt {
+            Stmt::Let { out, op } => self.let_(*out, op, depth)?,
+            Stmt::Store { mem, index, value } => {
+                let idx = format!("u32(v{})", index.0);
+                let target = Self::mem_at(*mem, &idx);
+                let assign = if self.atomics.contains(mem) {
+                    format!("atomicStore(&{target}, v{});", value.0)
+                } else {
+                    format!("{target} = v{};", value.0)
+                };
+                if self.bounds_checked(*mem) {
+                    let len = self.mem_len(*mem);
+                    self.line(depth, &format!("if ({idx} < {len}) {{ {assign} }}"));
+                } else {
+                    self.line(depth, &assign);
+                }
+            }
+            Stmt::DeclareVar { var, init } => {
+                let ty = item_ty(self.def.vars()[var.0 as usize].item);
+                self.line(depth, &format!("var x{}: {ty} = v{};", var.0, init.0));
+            }
+            Stmt::Assign { var, value } => self.line(depth, &format!("x{} = v{};", var.0, value.0)),
+            Stmt::If {
+                cond,
+                then,
+                otherwise,
+            } => {
+                self.line(depth, &format!("if (v{}) {{", cond.0));
+                self.block(then, depth + 1)?;
+                if otherwise.stmts.is_empty() {
+                    self.line(depth, "}");
+                } else {
+                    self.line(depth, "} else {");
+                    self.block(otherwise, depth + 1)?;
+                    self.line(depth, "}");
+                }
+            }
+            Stmt::Range {
+                var,
+                start,
+                end,
+                step,
+                body,
+            } => {
+                let ty = item_ty(self.item(*var));
+                let n = self.fresh();
+                let zero = format!("{ty}(0)");
+                self.line(depth, "{");
+                let d = depth + 1;
+                self.line(d, &format!("var _i{n}: {ty} = v{};", start.0));
+                self.line(d, &format!("let _e{n}: {ty} = v{};", end.0));
+                self.line(d, &format!("let _s{n}: {ty} = v{};", step.0));
+                self.line(d, &format!("if (_s{n} != {zero}) {{"));
+                self.line(d + 1, "loop {");
+                let dd = d + 2;
+                self.line(
+                    dd,
+                    &format!(
+                        "if (((_s{n} > {zero}) & !(_i{n} < _e{n})) | ((_s{n} < {zero}) & !(_i{n} > _e{n}))) {{ break; }}"
+                    ),
+                );
+                self.line(dd, &format!("let v{}: {ty} = _i{n};", var.0));
+                self.block(body, dd)?;
+                self.line(dd, "continuing {");
+                self.line(dd + 1, &format!("let _n{n}: {ty} = _i{n} + _s{n};"));
+                self.line(
+                    dd + 1,
+                    &format!(
+                        "let _o{n}: bool = ((_s{n} > {zero}) & (_n{n} < _i{n})) | ((_s{n} < {zero}) & (_n{n} > _i{n}));"
+                    ),
+                );
+                self.line(dd + 1, &format!("_i{n} = _n{n};"));
+                self.line(dd + 1, &format!("break if _o{n};"));
+                self.line(dd, "}");
+                self.line(d + 1, "}");
+                self.line(d, "}");
+                self.line(depth, "}");
+            }
+            Stmt::Loop { body } => {
+                self.line(depth, "loop {");
+                self.block(body, depth + 1)?;
+                self.line(depth, "}");
+            }
+            Stmt::Break => self.line(depth, "break;"),
+            Stmt::Continue => self.line(depth, "continue;"),
+            Stmt::Return => self.line(depth, "return;"),
+            Stmt::Barrier => self.line(depth, "storageBarrier(); workgroupBarrier();"),
+        }
+        Ok(())
+    }
+
+    // ------------------------------------------------------------------------------------------
+    // Operations
+    // ------------------------------------------------------------------------------------------
+
+    fn let_(&mut self, out: ValueId, op: &Op, depth: usize) -> Result<()> {
+        let item = self.item(out);
+        let ty = item_ty(item);
+        let v = |id: &ValueId| format!("v{}", id.0);
+        let expr = match op {
+            Op::Literal(value) => literal(*value),
+            Op::Builtin(b) => self.builtin(*b)?,
+            Op::Scalar(k) => self.scalar(*k as usize),
+            Op::Load { mem, index } => {
+                let idx = format!("u32(v{})", index.0);
+                let at = Self::mem_at(*mem, &idx);
+                let read = if self.atomics.contains(mem) {
+                    format!("atomicLoad(&{at})")
+                } else {
+                    at
+                };
+                if self.bounds_checked(*mem) {
+                    let len = self.mem_len(*mem);
+                    let n = self.fresh();
+                    self.line(depth, &format!("var _ld{n}: {ty} = {ty}();"));
+                    self.line(depth, &format!("if ({idx} < {len}) {{ _ld{n} = {read}; }}"));
+                    format!("_ld{n}")
+                } else {
+                    read
+                }
+            }
+            Op::Len(b) => format!("_len{b}"),
+            Op::Rank(b) => format!("info[{}u]", self.info.header_offset + HEADER_WORDS * b + 2),
+            Op::Shape { buffer, dim } | Op::Stride { buffer, dim } => {
+                let h = self.info.header_offset + HEADER_WORDS * buffer;
+                let extra = if matches!(op, Op::Stride { .. }) {
+                    format!(" + info[{}u]", h + 2)
+                } else {
+                    String::new()
+                };
+                format!(
+                    "select(0u, info[info[{}u] + u32(v{}){extra}], u32(v{}) < info[{}u])",
+                    h + 3,
+                    dim.0,
+                    dim.0,
+                    h + 2
+                )
+            }
+            Op::ReadVar(var) => format!("x{}", var.0),
+            Op::Unary(op, a) => self.unary(*op, *a, depth),
+            Op::Binary(op, a, b) => self.binary(*op, *a, *b),
+            Op::Compare(op, a, b) => {
+                let sym = match op {
+                    CmpOp::Eq => "==",
+                    CmpOp::Ne => "!=",
+                    CmpOp::Lt => "<",
+                    CmpOp::Le => "<=",
+                    CmpOp::Gt => ">",
+                    CmpOp::Ge => ">=",
+                };
+                format!("({} {sym} {})", v(a), v(b))
+            }
+            Op::Fma(a, b, c) => {
+                if is_float(item.elem) {
+                    format!("fma({}, {}, {})", v(a), v(b), v(c))
+                } else {
+                    format!("({} * {} + {})", v(a), v(b), v(c))
+                }
+            }
+            Op::Clamp(x, lo, hi) => format!("clamp({}, {}, {})", v(x), v(lo), v(hi)),
+            Op::Select(c, a, b) => format!("select({}, {}, {})", v(b), v(a), v(c)),
+            Op::Cast(a, _) => self.cast(*a, item),
+            Op::Bitcast(a, _, _) => format!("bitcast<{ty}>({})", v(a)),
+            Op::Splat(a, _) => format!("{ty}({})", v(a)),
+            Op::Extract(a, c) => {
+                if self.item(*a).width == 1 {
+                    v(a)
+                } else {
+                    format!("{}[{c}u]", v(a))
+                }
+            }
+            Op::Insert(a, c, s) => {
+                let n = self.fresh();
+                self.line(depth, &format!("var _ins{n}: {ty} = {};", v(a)));
+                self.line(depth, &format!("_ins{n}[{c}u] = {};", v(s)));
+                format!("_ins{n}")
+            }
+            Op::Vector(parts) => {
+                let list: Vec<String> = parts.iter().map(v).collect();
+                format!("{ty}({})", list.join(", "))
+            }
+            Op::Atomic {
+                op,
+                mem,
+                index,
+                value,
+                compare,
+            } => {
+                let idx = format!("u32(v{})", index.0);
+                let target = format!("&{}", Self::mem_at(*mem, &idx));
+                let call = match op {
+                    AtomicOp::Load => format!("atomicLoad({target})"),
+                    AtomicOp::Store | AtomicOp::Exchange => {
+                        format!("atomicExchange({target}, {})", v(value))
+                    }
+                    AtomicOp::Add => format!("atomicAdd({target}, {})", v(value)),
+                    AtomicOp::Sub => format!("atomicSub({target}, {})", v(value)),
+                    AtomicOp::Min => format!("atomicMin({target}, {})", v(value)),
+                    AtomicOp::Max => format!("atomicMax({target}, {})", v(value)),
+                    AtomicOp::And => format!("atomicAnd({target}, {})", v(value)),
+                    AtomicOp::Or => format!("atomicOr({target}, {})", v(value)),
+                    AtomicOp::Xor => format!("atomicXor({target}, {})", v(value)),
+                    AtomicOp::CompareExchange => {
+                        let Some(cmp) = compare else {
+                            return Err(ServerError::Compilation(format!(
+                                "kernel `{}`: compare-exchange without a compare value",
+                                self.def.name()
+                            )));
+                        };
+                        format!(
+                            "atomicCompareExchangeWeak({target}, {}, {}).old_value",
+                            v(cmp),
+                            v(value)
+                        )
+                    }
+                };
+                if self.bounds_checked(*mem) {
+                    let len = self.mem_len(*mem);
+                    let n = self.fresh();
+                    self.line(depth, &format!("var _at{n}: {ty} = {ty}();"));
+                    self.line(depth, &format!("if ({idx} < {len}) {{ _at{n} = {call}; }}"));
+                    format!("_at{n}")
+                } else {
+                    call
+                }
+            }
+            Op::Plane(op, a) => {
+                self.need_subgroups("plane operations")?;
+                let f = match op {
+                    PlaneOp::Sum => "subgroupAdd",
+                    PlaneOp::Prod => "subgroupMul",
+                    PlaneOp::Min => "subgroupMin",
+                    PlaneOp::Max => "subgroupMax",
+                    PlaneOp::All => "subgroupAll",
+                    PlaneOp::Any => "subgroupAny",
+                };
+                format!("{f}({})", v(a))
+            }
+            Op::PlaneBroadcast(a, lane) | Op::PlaneShuffle(a, lane) => {
+                self.need_subgroups("plane broadcast/shuffle")?;
+                format!("subgroupShuffle({}, u32({}))", v(a), v(lane))
+            }
+            Op::Ballot(a) => {
+                self.need_subgroups("ballot")?;
+                format!("subgroupBallot({})", v(a))
+            }
+        };
+        self.line(depth, &format!("let v{}: {ty} = {expr};", out.0));
+        Ok(())
+    }
+
+    fn need_subgroups(&self, what: &str) -> Result<()> {
+        if self.caps.subgroups {
+            Ok(())
+        } else {
+            Err(unsupported(
+                self.def,
+                format!("{what} (the adapter lacks SUBGROUP)"),
+            ))
+        }
+    }
+
+    fn builtin(&self, b: Builtin) -> Result<String> {
+        Ok(match b {
+            Builtin::AbsolutePos => {
+                "(_cube_pos * (_cube_dim.x * _cube_dim.y * _cube_dim.z) + lidx)".into()
+            }
+            Builtin::AbsolutePosX => "(wid.x * _cube_dim.x + lid.x)".into(),
+            Builtin::AbsolutePosY => "(wid.y * _cube_dim.y + lid.y)".into(),
+            Builtin::AbsolutePosZ => "(wid.z * _cube_dim.z + lid.z)".into(),
+            Builtin::UnitPos => "lidx".into(),
+            Builtin::UnitPosX => "lid.x".into(),
+            Builtin::UnitPosY => "lid.y".into(),
+            Builtin::UnitPosZ => "lid.z".into(),
+            Builtin::CubePos => "_cube_pos".into(),
+            Builtin::CubePosX => "wid.x".into(),
+            Builtin::CubePosY => "wid.y".into(),
+            Builtin::CubePosZ => "wid.z".into(),
+            Builtin::CubeDim => "(_cube_dim.x * _cube_dim.y * _cube_dim.z)".into(),
+            Builtin::CubeDimX => "_cube_dim.x".into(),
+            Builtin::CubeDimY => "_cube_dim.y".into(),
+            Builtin::CubeDimZ => "_cube_dim.z".into(),
+            Builtin::CubeCount => "(nwg.x * nwg.y * nwg.z)".into(),
+            Builtin::CubeCountX => "nwg.x".into(),
+            Builtin::CubeCountY => "nwg.y".into(),
+            Builtin::CubeCountZ => "nwg.z".into(),
+            Builtin::PlaneSize => {
+                self.need_subgroups("plane_size")?;
+                "sg_size".into()
+            }
+            Builtin::UnitPosPlane => {
+                self.need_subgroups("unit_pos_plane")?;
+                "sg_id".into()
+            }
+        })
+    }
+
+    fn scalar(&self, k: usize) -> String {
+        let o = self.info.scalar_offsets[k];
+        let wide = format!("((u64(info[{}u]) << 32u) | u64(info[{o}u]))", o + 1);
+        match self.def.scalars()[k].elem {
+            ElemType::Bool => format!("(info[{o}u] != 0u)"),
+            ElemType::I32 => format!("bitcast<i32>(info[{o}u])"),
+            ElemType::F32 => format!("bitcast<f32>(info[{o}u])"),
+            ElemType::F16 => format!("f16(unpack2x16float(info[{o}u]).x)"),
+            ElemType::U64 => wide,
+            ElemType::I64 => format!("bitcast<i64>({wide})"),
+            ElemType::F64 => format!("bitcast<f64>({wide})"),
+            _ => format!("info[{o}u]"),
+        }
+    }
+
+    fn unary(&mut self, op: UnaryOp, a: ValueId, depth: usize) -> String {
+        let ty = item_ty(self.item(a));
+        let x = format!("v{}", a.0);
+        match op {
+            UnaryOp::Neg => format!("(-{x})"),
+            UnaryOp::Abs => format!("abs({x})"),
+            UnaryOp::Not => format!("(!{x})"),
+            UnaryOp::BitNot => format!("(~{x})"),
+            UnaryOp::Sqrt => format!("sqrt({x})"),
+            UnaryOp::Rsqrt => format!("inverseSqrt({x})"),
+            UnaryOp::Exp => format!("exp({x})"),
+            UnaryOp::Log => format!("log({x})"),
+            UnaryOp::Log1p => format!("log({ty}(1) + {x})"),
+            UnaryOp::Sin => format!("sin({x})"),
+            UnaryOp::Cos => format!("cos({x})"),
+            UnaryOp::Tanh => format!("tanh({x})"),
+            UnaryOp::Floor => format!("floor({x})"),
+            UnaryOp::Ceil => format!("ceil({x})"),
+            UnaryOp::Round => format!("round({x})"),
+            UnaryOp::Recip => format!("({ty}(1) / {x})"),
+            UnaryOp::Erf => {
+                // Abramowitz & Stegun 7.1.26 (absolute error below 1.5e-7).
+                let n = self.fresh();
+                self.line(
+                    depth,
+                    &format!("let _t{n} = {ty}(1) / ({ty}(1) + {ty}(0.3275911) * abs({x}));"),
+                );
+                self.line(
+                    depth,
+                    &format!(
+                        "let _p{n} = (((({ty}(1.061405429) * _t{n} + {ty}(-1.453152027)) * _t{n} + {ty}(1.421413741)) * _t{n} + {ty}(-0.284496736)) * _t{n} + {ty}(0.254829592)) * _t{n};"
+                    ),
+                );
+                format!("(sign({x}) * ({ty}(1) - _p{n} * exp(-({x} * {x}))))")
+            }
+        }
+    }
+
+    fn binary(&self, op: BinaryOp, a: ValueId, b: ValueId) -> String {
+        let item = self.item(a);
+        let (x, y) = (format!("v{}", a.0), format!("v{}", b.0));
+        let infix = |sym: &str| format!("({x} {sym} {y})");
+        match op {
+            BinaryOp::Add => infix("+"),
+            BinaryOp::Sub => infix("-"),
+            BinaryOp::Mul => infix("*"),
+            BinaryOp::Div => infix("/"),
+            BinaryOp::Rem => infix("%"),
+            BinaryOp::Min => format!("min({x}, {y})"),
+            BinaryOp::Max => format!("max({x}, {y})"),
+            BinaryOp::Pow => format!("pow({x}, {y})"),
+            BinaryOp::And | BinaryOp::BitAnd => infix("&"),
+            BinaryOp::Or | BinaryOp::BitOr => infix("|"),
+            BinaryOp::BitXor => infix("^"),
+            BinaryOp::Shl | BinaryOp::Shr => {
+                let sym = if op == BinaryOp::Shl { "<<" } else { ">>" };
+                let shift_ty = item_ty(item.with_elem(ElemType::U32));
+                let mask = item.elem.size() * 8 - 1;
+                format!("({x} {sym} ({shift_ty}({y}) & {shift_ty}({mask}u)))")
+            }
+        }
+    }
+
+    fn cast(&self, a: ValueId, to: Item) -> String {
+        let from = self.item(a);
+        let ty = item_ty(to);
+        let x = format!("v{}", a.0);
+        if from.elem == to.elem {
+            return x;
+        }
+        if is_float(from.elem) && is_integer(to.elem) {
+            // Saturate; NaN gives 0 (WGSL leaves out-of-range conversions to the driver).
+            let (fty, fx) = if from.elem == ElemType::F16 {
+                let fty = item_ty(from.with_elem(ElemType::F32));
+                (fty.clone(), format!("{fty}({x})"))
+            } else {
+                (item_ty(from), x)
+            };
+            let bits = to.elem.size() * 8;
+            let signed = matches!(to.elem, ElemType::I32 | ElemType::I64);
+            let suffix = if bits == 64 {
+                if signed { "li" } else { "lu" }
+            } else if signed {
+                "i"
+            } else {
+                "u"
+            };
+            let (lo_bound, hi_bound, lo_val, hi_val) = if signed {
+                let hi = 2f64.powi(bits as i32 - 1);
+                let max = if bits == 64 {
+                    i64::MAX.to_string()
+                } else {
+                    i32::MAX.to_string()
+                };
+                (
+                    format!("{fty}({:?})", -hi),
+                    format!("{fty}({:?})", hi),
+                    format!("({ty}(-{max}{suffix}) - {ty}(1{suffix}))"),
+                    format!("{ty}({max}{suffix})"),
+                )
+            } else {
+                let max = if bits == 64 {
+                    u64::MAX.to_string()
+                } else {
+                    u32::MAX.to_string()
+                };
+                (
+                    format!("{fty}(-1.0)"),
+                    format!("{fty}({:?})", 2f64.powi(bits as i32)),
+                    format!("{ty}(0{suffix})"),
+                    format!("{ty}({max}{suffix})"),
+                )
+            };
+            let cmp_lo = if signed { "<" } else { "<=" };
+            return format!(
+                "select(select(select({ty}({fx}), {hi_val}, {fx} >= {hi_bound}), {lo_val}, {fx} {cmp_lo} {lo_bound}), {ty}(0{suffix}), {fx} != {fx})"
+            );
+        }
+        format!("{ty}({x})")
+    }
+}
+
+fn is_float(elem: ElemType) -> bool {
+    matches!(
+        elem,
+        ElemType::F16 | ElemType::F32 | ElemType::F64 | ElemType::BF16
+    )
+}
+
+fn is_integer(elem: ElemType) -> bool {
+    matches!(
+        elem,
+        ElemType::I8
+            | ElemType::I16
+            | ElemType::I32
+            | ElemType::I64
+            | ElemType::U8
+            | ElemType::U16
+            | ElemType::U32
+            | ElemType::U64
+    )
+}
+
+fn scalar_ty(elem: ElemType) -> &'static str {
+    match elem {
+        ElemType::Bool => "bool",
+        ElemType::I32 => "i32",
+        ElemType::U32 => "u32",
+        ElemType::F32 => "f32",
+        ElemType::F16 => "f16",
+        ElemType::F64 => "f64",
+        ElemType::I64 => "i64",
+        ElemType::U64 => "u64",
+        // Rejected by `check_types` before any code is generated.
+        ElemType::I8 | ElemType::I16 | ElemType::U8 | ElemType::U16 | ElemType::BF16 => {
+            unreachable!("{elem} was rejected by the type check")
+        }
+    }
+}
+
+/// The WGSL type of an item (widths 1, 2 and 4; others are rejected by the type check).
+fn item_ty(item: Item) -> String {
+    let s = scalar_ty(item.elem);
+    if item.width == 1 {
+        s.to_string()
+    } else {
+        format!("vec{}<{s}>", item.width)
+    }
+}
+
+fn literal(value: ScalarValue) -> String {
+    match value {
+        ScalarValue::Bool(b) => b.to_string(),
+        ScalarValue::I32(x) => format!("bitcast<i32>({}u)", x as u32),
+        ScalarValue::U32(x) => format!("{x}u"),
+        ScalarValue::F32(x) => format!("bitcast<f32>({}u)", x.to_bits()),
+        ScalarValue::F16(x) => format!("f16(bitcast<f32>({}u))", x.to_f32().to_bits()),
+        ScalarValue::I64(x) => format!("bitcast<i64>({}lu)", x as u64),
+        ScalarValue::U64(x) => format!("{x}lu"),
+        ScalarValue::F64(x) => format!("bitcast<f64>({}lu)", x.to_bits()),
+        // Narrow types are rejected by the type check; they never reach the generator.
+        ScalarValue::I8(_)
+        | ScalarValue::I16(_)
+        | ScalarValue::U8(_)
+        | ScalarValue::U16(_)
+        | ScalarValue::BF16(_) => {
+            unreachable!("narrow literal {value:?} was rejected by the type check")
+        }
+    }
+}

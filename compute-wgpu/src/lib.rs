@@ -1,0 +1,38 @@
+//! # compute-wgpu
+//!
+//! The wgpu backend of the compute runtime. Every adapter wgpu finds (filtered by `WGPU_BACKEND`)
+//! backs logical devices, each requested with the adapter's real limits and features. Memory is
+//! compute-core's pools over `wgpu::Buffer` blocks; kernels in the portable IR are compiled to
+//! WGSL (one pipeline per kernel and bounds-check mode, cached by kernel id); launches, copies and
+//! timestamps are batched into few submissions on the device's queue; reads go through staging
+//! buffers and `map_async`, completed by a poll thread that blocks in `device.poll` instead of
+//! spinning.
+//!
+//! ```no_run
+//! use compute_core::{Bytes, ComputeClient};
+//! use compute_wgpu::{WgpuDevice, WgpuRuntime};
+//!
+//! let client = ComputeClient::<WgpuRuntime>::load(&WgpuDevice::default());
+//! let handle = client.create(Bytes::from_elems(vec![1u32, 2, 3]));
+//! assert_eq!(client.read_one(handle).unwrap().to_elems::<u32>(), vec![1, 2, 3]);
+//! ```
+
+mod batch;
+mod collective;
+pub mod compiler;
+mod device;
+mod kernel;
+mod poller;
+mod runtime;
+mod server;
+mod storage;
+
+pub use device::{
+    MIN_LOGICAL_DEVICES, WGPU_DEVICE_TYPE, WgpuDevice, adapter_count, availability, backends,
+    device_count, raw_device,
+};
+pub use kernel::WgpuKernel;
+pub use runtime::WgpuRuntime;
+pub use server::{WgpuInfo, WgpuServer};
+pub use storage::{STORAGE_USAGES, WgpuResource, WgpuStorage};
+pub use wgpu;

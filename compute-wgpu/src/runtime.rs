@@ -1,0 +1,42 @@
+//! The wgpu [`Runtime`].
+
+use compute_core::{DeviceId, Runtime, ServerError};
+
+use crate::device::{self, WGPU_DEVICE_TYPE, WgpuDevice, device_count};
+use crate::server::WgpuServer;
+
+/// The wgpu backend: one logical device per adapter (at least
+/// [`MIN_LOGICAL_DEVICES`](crate::MIN_LOGICAL_DEVICES)), each with its own `wgpu::Device`.
+#[derive(Debug, Clone, Copy)]
+pub struct WgpuRuntime;
+
+impl Runtime for WgpuRuntime {
+    type Server = WgpuServer;
+    type Device = WgpuDevice;
+
+    fn name() -> &'static str {
+        "wgpu"
+    }
+
+    fn availability() -> Result<(), String> {
+        device::availability()
+    }
+
+    fn create_server(device: &WgpuDevice) -> Result<WgpuServer, ServerError> {
+        let (_instance, adapter) = device::adapter_of(*device).map_err(ServerError::Unavailable)?;
+        WgpuServer::new(*device, &adapter)
+    }
+
+    fn enumerate_devices(type_id: u16) -> Vec<DeviceId> {
+        if type_id != WGPU_DEVICE_TYPE {
+            return Vec::new();
+        }
+        (0..device_count())
+            .map(|i| DeviceId::new(WGPU_DEVICE_TYPE, i))
+            .collect()
+    }
+
+    fn enumerate_all_devices() -> Vec<DeviceId> {
+        Self::enumerate_devices(WGPU_DEVICE_TYPE)
+    }
+}

@@ -1,0 +1,1252 @@
+//! The wgpu server: logical streams over the device's one queue, pools over wgpu buffers, a
+//! pipeline cache, batched submissions, graphs, timestamp profiles and host-staged collectives.
+//!
+//! Ordering: every stream records into the server's one batch, in issue order, and batches are
+//! submitted to the one queue in order, so work keeps the order it was issued in, on a stream and
+//! across streams. `queue.write_buffer` lands before the command buffers of the *next* submission,
+//! so a write first submits the batch recorded before it.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use compute_core::future::{DynFut, oneshot};
+use compute_core::graph::GraphId;
+use compute_core::handle::{BufferArgument, HandleOwner};
+use compute_core::kernel::{BufferLaunchInfo, KernelId, ScalarValue};
+use compute_core::layout::{allocation_size, contiguous_strides, for_each_row};
+use compute_core::memory::{
+    MemoryAllocationMode, MemoryDeviceProperties, MemoryManagement, MemoryPoolsConfig, MemoryUsage,
+    PoolConfigError,
+};
+use compute_core::profile::ProfileToken;
+use compute_core::{
+    Binding, Bytes, BytesKind, ComputeServer, CopyDescriptor, CubeCount, DeviceId,
+    DeviceProperties, ElemType, ExecutionMode, Features, Handle, HardwareProperties,
+    KernelArguments, MemoryLayout, MemoryLayoutDescriptor, ProfileDuration, ProfileError,
+    ReduceOperation, ServerError, StreamId, TimingMethod,
+};
+use hashbrown::HashMap;
+
+use crate::batch::{self, BoundBuffer, Command, Dispatch, DispatchCount, Pipeline};
+use crate::collective::{Collectives, Round};
+use crate::compiler::{self, HEADER_WORDS, ShaderCapabilities};
+use crate::device::{WgpuDevice, device_count};
+use crate::kernel::WgpuKernel;
+use crate::poller::Poller;
+use crate::storage::{WgpuResource, WgpuStorage};
+
+/// Errors raised outside a call (validation errors wgpu reports late, failed polls), waiting for
+/// the next flush, sync or read.
+pub(crate) type ErrorQueue = Arc<spin::Mutex<VecDeque<ServerError>>>;
+
+/// Launches recorded before the batch is submitted on its own.
+const MAX_BATCH_DISPATCHES: usize = 64;
+
+/// Backend information of a wgpu server.
+#[derive(Debug, Clone)]
+pub struct WgpuInfo {
+    /// The logical device.
+    pub device: WgpuDevice,
+    /// The adapter it runs on.
+    pub adapter: wgpu::AdapterInfo,
+    /// The limits the device was requested with (the adapter's own).
+    pub limits: wgpu::Limits,
+    /// The features the device was requested with (the adapter's, less experimental ones).
+    pub features: wgpu::Features,
+}
+
+struct StreamState {
+    memory: MemoryManagement<WgpuStorage>,
+    capture: Option<Vec<Arc<Dispatch>>>,
+}
+
+struct WgpuGraph {
+    stream: StreamId,
+    launches: Vec<Arc<Dispatch>>,
+}
+
+struct Profile {
+    start: Instant,
+    queries: Option<wgpu::QuerySet>,
+}
+
+/// A part of a read: nothing to copy, or a staging buffer the bytes land in.
+enum ReadPart {
+    Empty,
+    Staged {
+        staging: wgpu::Buffer,
+        mapped: compute_core::future::Receiver<Result<(), wgpu::BufferAsyncError>>,
+        delta: usize,
+        span: usize,
+        descriptor: CopyDescriptor,
+    },
+}
+
+/// The server of one logical wgpu device.
+pub struct WgpuServer {
+    info: WgpuInfo,
+    owner: HandleOwner,
+    properties: DeviceProperties,
+    pool_config: MemoryPoolsConfig,
+    device: wgpu::Device,
+    queue: wgpu::Queue,
+    caps: ShaderCapabilities,
+    timestamps: bool,
+    alignment: u64,
+    streams: HashMap<StreamId, StreamState>,
+    pipelines: HashMap<(KernelId, bool), Arc<Pipeline>>,
+    batch: Vec<Command>,
+    batch_dispatches: usize,
+    graphs: HashMap<GraphId, WgpuGraph>,
+    profiles: HashMap<u64, Profile>,
+    next_profile: u64,
+    errors: ErrorQueue,
+    collectives: Collectives,
+    poller: Poller,
+}
+
+fn ready<T: Send + 'static>(value: T) -> DynFut<T> {
+    Box::pin(core::future::ready(value))
+}
+
+fn is_contiguous(shape: &[usize], strides: &[usize]) -> bool {
+    strides == contiguous_strides(shape).0.as_slice()
+}
+
+/// Bytes from the first to one past the last element of a strided tensor.
+fn strided_span(shape: &[usize], strides: &[usize], elem_size: usize) -> usize {
+    if shape.contains(&0) {
+        return 0;
+    }
+    let last: usize = shape.iter().zip(strides).map(|(n, s)| (n - 1) * s).sum();
+    (last + 1) * elem_size
+}
+
+/// Write `data` at `offset` bytes into `target` with `queue.write_buffer`, which needs a 4-byte
+/// aligned offset and length: a length that is not is padded with zeros (inside the block).
+pub(crate) fn write_padded(
+    queue: &wgpu::Queue,
+    target: &WgpuResource,
+    offset: u64,
+    data: &[u8],
+) -> Result<(), ServerError> {
+    if data.is_empty() {
+        return Ok(());
+    }
+    let at = target.offset + offset;
+    if !at.is_multiple_of(wgpu::COPY_BUFFER_ALIGNMENT) {
+        return Err(ServerError::Unsupported(format!(
+            "wgpu: a write at byte offset {at} of its buffer (wgpu copies need offsets that are multiples of {})",
+            wgpu::COPY_BUFFER_ALIGNMENT
+        )));
+    }
+    let len = data.len() as u64;
+    if len.is_multiple_of(wgpu::COPY_BUFFER_ALIGNMENT) {
+        queue.write_buffer(&target.buffer, at, data);
+        return Ok(());
+    }
+    let padded = len.next_multiple_of(wgpu::COPY_BUFFER_ALIGNMENT);
+    if at + padded > target.buffer.size() {
+        return Err(ServerError::Unsupported(format!(
+            "wgpu: a write of {len} bytes at the very end of a buffer of {} bytes (not a multiple of {})",
+            target.buffer.size(),
+            wgpu::COPY_BUFFER_ALIGNMENT
+        )));
+    }
+    let mut tail = data.to_vec();
+    tail.resize(padded as usize, 0);
+    queue.write_buffer(&target.buffer, at, &tail);
+    Ok(())
+}
+
+fn scalar_words(value: &ScalarValue) -> [u32; 2] {
+    let wide = |bits: u64| [bits as u32, (bits >> 32) as u32];
+    match *value {
+        ScalarValue::Bool(b) => [u32::from(b), 0],
+        ScalarValue::I8(x) => [x as i32 as u32, 0],
+        ScalarValue::I16(x) => [x as i32 as u32, 0],
+        ScalarValue::I32(x) => [x as u32, 0],
+        ScalarValue::U8(x) => [u32::from(x), 0],
+        ScalarValue::U16(x) => [u32::from(x), 0],
+        ScalarValue::U32(x) => [x, 0],
+        ScalarValue::F16(x) => [u32::from(x.to_bits()), 0],
+        ScalarValue::BF16(x) => [u32::from(x.to_bits()), 0],
+        ScalarValue::F32(x) => [x.to_bits(), 0],
+        ScalarValue::I64(x) => wide(x as u64),
+        ScalarValue::U64(x) => wide(x),
+        ScalarValue::F64(x) => wide(x.to_bits()),
+    }
+}
+
+fn saturate(x: u64) -> u32 {
+    u32::try_from(x).unwrap_or(u32::MAX)
+}
+
+impl WgpuServer {
+    /// Request a device on `adapter` with its real limits and features, and start its server.
+    pub fn new(index: WgpuDevice, adapter: &wgpu::Adapter) -> Result<Self, ServerError> {
+        let features = adapter.features() - wgpu::Features::all_experimental_mask();
+        let limits = adapter.limits();
+        let request = adapter.request_device(&wgpu::DeviceDescriptor {
+            label: Some("compute-wgpu"),
+            required_features: features,
+            required_limits: limits.clone(),
+            experimental_features: wgpu::ExperimentalFeatures::disabled(),
+            memory_hints: wgpu::MemoryHints::Performance,
+            trace: wgpu::Trace::Off,
+        });
+        let (device, queue) = compute_core::block_on(request)
+            .map_err(|e| ServerError::Unavailable(format!("wgpu request_device failed: {e}")))?;
+        let errors: ErrorQueue = Arc::default();
+        let handler_errors = errors.clone();
+        device.on_uncaptured_error(Arc::new(move |error: wgpu::Error| {
+            handler_errors
+                .lock()
+                .push_back(ServerError::Driver(format!("wgpu: {error}")));
+        }));
+        let adapter_info = adapter.get_info();
+        let caps = ShaderCapabilities::from_features(features);
+        let timestamps = features.contains(
+            wgpu::Features::TIMESTAMP_QUERY | wgpu::Features::TIMESTAMP_QUERY_INSIDE_ENCODERS,
+        );
+        let alignment = u64::from(limits.min_storage_buffer_offset_alignment).max(32);
+        let properties = properties(index, &adapter_info, &limits, caps, timestamps, alignment);
+        static NEXT_SERVER: core::sync::atomic::AtomicU64 = core::sync::atomic::AtomicU64::new(1);
+        let owner = HandleOwner {
+            device: compute_core::Device::to_id(&index),
+            server: NEXT_SERVER.fetch_add(1, core::sync::atomic::Ordering::Relaxed),
+        };
+        let poller = Poller::spawn(
+            device.clone(),
+            errors.clone(),
+            format!("wgpu{}-poll", index.index),
+        )?;
+        Ok(Self {
+            info: WgpuInfo {
+                device: index,
+                adapter: adapter_info,
+                limits,
+                features,
+            },
+            owner,
+            properties,
+            pool_config: MemoryPoolsConfig::default(),
+            device,
+            queue,
+            caps,
+            timestamps,
+            alignment,
+            streams: HashMap::new(),
+            pipelines: HashMap::new(),
+            batch: Vec::new(),
+            batch_dispatches: 0,
+            graphs: HashMap::new(),
+            profiles: HashMap::new(),
+            next_profile: 1,
+            errors,
+            collectives: Collectives::default(),
+            poller,
+        })
+    }
+
+    /// The wgpu device behind this server.
+    pub fn device(&self) -> &wgpu::Device {
+        &self.device
+    }
+
+    /// The wgpu queue behind this server.
+    pub fn queue(&self) -> &wgpu::Queue {
+        &self.queue
+    }
+
+    fn stream(&mut self, id: StreamId) -> Result<&mut StreamState, ServerError> {
+        if !self.streams.contains_key(&id) {
+            let storage = WgpuStorage::new(
+                self.device.clone(),
+                self.alignment,
+                self.info.limits.max_buffer_size,
+            );
+            let memory =
+                MemoryManagement::new(storage, &self.pool_config, self.properties.memory.clone())
+                    .map_err(|e| ServerError::InvalidArgument(e.to_string()))?;
+            self.streams.insert(
+                id,
+                StreamState {
+                    memory,
+                    capture: None,
+                },
+            );
+        }
+        Ok(self
+            .streams
+            .get_mut(&id)
+            .unwrap_or_else(|| unreachable!("inserted just above")))
+    }
+
+    fn resolve(&mut self, binding: &Binding) -> Result<WgpuResource, ServerError> {
+        binding.check_owner(self.owner)?;
+        let handle = binding.handle();
+        let missing = || {
+            ServerError::InvalidArgument(
+                "the handle has no memory (its allocation failed; see the error queued then)"
+                    .into(),
+            )
+        };
+        let state = self.streams.get_mut(&handle.stream()).ok_or_else(missing)?;
+        let resource = state
+            .memory
+            .get_resource(
+                handle.memory().id(),
+                handle.slice_offset_start(),
+                handle.slice_offset_end(),
+            )
+            .ok_or_else(missing)?;
+        self.collectives.wait_for(handle.memory().id());
+        Ok(resource)
+    }
+
+    fn ensure_not_capturing(&mut self, stream: StreamId, what: &str) -> Result<(), ServerError> {
+        if self.stream(stream)?.capture.is_some() {
+            return Err(ServerError::Capture(format!(
+                "{what} on {stream} while a graph capture is running"
+            )));
+        }
+        Ok(())
+    }
+
+    fn take_error(&self) -> Result<(), ServerError> {
+        match self.errors.lock().pop_front() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    /// Submit the batch, if it holds anything; validation errors of the submission are queued.
+    fn submit(&mut self) -> Result<Option<wgpu::SubmissionIndex>, ServerError> {
+        if self.batch.is_empty() {
+            return Ok(None);
+        }
+        let commands = core::mem::take(&mut self.batch);
+        self.batch_dispatches = 0;
+        let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let encoded = batch::encode(&self.device, &commands, self.alignment);
+        let index = encoded.map(|buffer| self.queue.submit([buffer]));
+        if let Some(error) = compute_core::block_on(scope.pop()) {
+            self.errors.lock().push_back(ServerError::Execution(format!(
+                "wgpu rejected a submission: {error}"
+            )));
+        }
+        drop(commands);
+        index.map(Some)
+    }
+
+    /// Submit the batch (or an empty submission, which also flushes pending `write_buffer`s).
+    fn submit_always(&mut self) -> Result<wgpu::SubmissionIndex, ServerError> {
+        match self.submit()? {
+            Some(index) => Ok(index),
+            None => Ok(self.queue.submit([])),
+        }
+    }
+
+    fn push(&mut self, command: Command) -> Result<(), ServerError> {
+        if matches!(command, Command::Dispatch(_)) {
+            self.batch_dispatches += 1;
+        }
+        self.batch.push(command);
+        if self.batch_dispatches >= MAX_BATCH_DISPATCHES {
+            self.submit()?;
+        }
+        Ok(())
+    }
+
+    fn pipeline(
+        &mut self,
+        kernel: &WgpuKernel,
+        checked: bool,
+    ) -> Result<Arc<Pipeline>, ServerError> {
+        if let Some(found) = self.pipelines.get(&(kernel.id, checked)) {
+            return Ok(found.clone());
+        }
+        let def = &kernel.definition;
+        let compiled = compiler::compile(def, self.caps, checked)?;
+        let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let module = self
+            .device
+            .create_shader_module(wgpu::ShaderModuleDescriptor {
+                label: Some(def.name()),
+                source: wgpu::ShaderSource::Wgsl(compiled.source.as_str().into()),
+            });
+        let count = def.buffers().len() as u32;
+        let entries: Vec<wgpu::BindGroupLayoutEntry> = (0..=count)
+            .map(|binding| wgpu::BindGroupLayoutEntry {
+                binding,
+                visibility: wgpu::ShaderStages::COMPUTE,
+                ty: wgpu::BindingType::Buffer {
+                    ty: wgpu::BufferBindingType::Storage {
+                        read_only: binding == count,
+                    },
+                    has_dynamic_offset: false,
+                    min_binding_size: None,
+                },
+                count: None,
+            })
+            .collect();
+        let layout = self
+            .device
+            .create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+                label: Some(def.name()),
+                entries: &entries,
+            });
+        let pipeline_layout = self
+            .device
+            .create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+                label: Some(def.name()),
+                bind_group_layouts: &[Some(&layout)],
+                immediate_size: 0,
+            });
+        let pipeline = self
+            .device
+            .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                label: Some(def.name()),
+                layout: Some(&pipeline_layout),
+                module: &module,
+                entry_point: Some("main"),
+                compilation_options: wgpu::PipelineCompilationOptions::default(),
+                cache: None,
+            });
+        if let Some(error) = compute_core::block_on(scope.pop()) {
+            return Err(ServerError::Compilation(format!(
+                "kernel `{}` on wgpu: {error}\n--- generated WGSL ---\n{}",
+                def.name(),
+                compiled.source
+            )));
+        }
+        let pipeline = Arc::new(Pipeline {
+            name: def.name().to_string(),
+            pipeline,
+            layout,
+            info: compiled.info,
+            item_sizes: compiled.buffer_item_sizes,
+        });
+        self.pipelines
+            .insert((kernel.id, checked), pipeline.clone());
+        Ok(pipeline)
+    }
+
+    /// The range a launch binds for a buffer argument, and its header words.
+    fn bind(
+        &self,
+        resource: WgpuResource,
+        item: u64,
+        name: &str,
+    ) -> Result<(BoundBuffer, u32, u32), ServerError> {
+        let align = u64::from(self.info.limits.min_storage_buffer_offset_alignment).max(4);
+        let bind_offset = resource.offset / align * align;
+        let delta = resource.offset - bind_offset;
+        if !delta.is_multiple_of(item) {
+            return Err(ServerError::InvalidArgument(format!(
+                "buffer argument of kernel `{name}` starts at byte {} of its block, not a multiple of its item size {item}",
+                resource.offset
+            )));
+        }
+        let block = resource.buffer.size();
+        let mut size = (delta + resource.size).max(item).next_multiple_of(4);
+        if bind_offset + size > block {
+            size = (block - bind_offset) / 4 * 4;
+        }
+        let max = self.info.limits.max_storage_buffer_binding_size;
+        if size > max {
+            return Err(ServerError::InvalidArgument(format!(
+                "buffer argument of kernel `{name}` binds {size} bytes, over the device's max_storage_buffer_binding_size ({max} bytes)"
+            )));
+        }
+        Ok((
+            BoundBuffer {
+                buffer: resource.buffer,
+                offset: bind_offset,
+                size,
+            },
+            saturate(delta / item),
+            saturate(resource.size / item),
+        ))
+    }
+
+    fn check_group(&self, devices: &[DeviceId]) -> Result<Vec<DeviceId>, ServerError> {
+        let mut group = devices.to_vec();
+        group.sort();
+        group.dedup();
+        if !group.contains(&self.owner.device) {
+            return Err(ServerError::InvalidArgument(format!(
+                "collective group {group:?} does not contain this device {}",
+                self.owner.device
+            )));
+        }
+        let count = device_count();
+        if let Some(bad) = group
+            .iter()
+            .find(|d| d.type_id != self.owner.device.type_id || d.index_id >= count)
+        {
+            return Err(ServerError::InvalidArgument(format!(
+                "collective group names device {bad}, which does not exist ({count} wgpu devices)"
+            )));
+        }
+        Ok(group)
+    }
+
+    /// Record a copy of `len` bytes of `source` into a fresh staging buffer: the buffer and the
+    /// offset of the first byte in it.
+    fn stage_read(
+        &mut self,
+        source: &WgpuResource,
+        len: u64,
+    ) -> Result<(wgpu::Buffer, u64), ServerError> {
+        let start = source.offset / 4 * 4;
+        let delta = source.offset - start;
+        let size = (delta + len)
+            .next_multiple_of(4)
+            .min(source.buffer.size() - start);
+        let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("compute-wgpu readback"),
+            size,
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        self.push(Command::Copy {
+            src: source.buffer.clone(),
+            src_offset: start,
+            dst: staging.clone(),
+            dst_offset: 0,
+            size,
+        })?;
+        Ok((staging, delta))
+    }
+}
+
+fn map_read(
+    staging: &wgpu::Buffer,
+) -> compute_core::future::Receiver<Result<(), wgpu::BufferAsyncError>> {
+    let (tx, rx) = oneshot();
+    staging
+        .slice(..)
+        .map_async(wgpu::MapMode::Read, move |result| tx.send(result));
+    rx
+}
+
+fn gone() -> ServerError {
+    ServerError::Driver("the wgpu poll thread stopped before answering".into())
+}
+
+fn properties(
+    index: WgpuDevice,
+    adapter: &wgpu::AdapterInfo,
+    limits: &wgpu::Limits,
+    caps: ShaderCapabilities,
+    timestamps: bool,
+    alignment: u64,
+) -> DeviceProperties {
+    let max_page = limits
+        .max_buffer_size
+        .min(limits.max_storage_buffer_binding_size);
+    DeviceProperties {
+        name: format!(
+            "wgpu:{} {} ({:?})",
+            index.index, adapter.name, adapter.backend
+        ),
+        backend: "wgpu".into(),
+        memory: MemoryDeviceProperties {
+            max_page_size: max_page,
+            alignment,
+        },
+        memory_total: None,
+        hardware: HardwareProperties {
+            plane_size_min: adapter.subgroup_min_size,
+            plane_size_max: adapter.subgroup_max_size,
+            max_units_per_cube: limits.max_compute_invocations_per_workgroup,
+            max_cube_dim: [
+                limits.max_compute_workgroup_size_x,
+                limits.max_compute_workgroup_size_y,
+                limits.max_compute_workgroup_size_z,
+            ],
+            max_cube_count: [limits.max_compute_workgroups_per_dimension; 3],
+            max_shared_memory_bytes: u64::from(limits.max_compute_workgroup_storage_size),
+            num_compute_units: 1,
+            max_load_bytes: 16,
+        },
+        features: Features {
+            elem_types: caps.elem_types(),
+            plane_ops: caps.subgroups,
+            atomics: true,
+            graphs: true,
+            device_timestamps: timestamps,
+            collectives: true,
+        },
+        timing: if timestamps {
+            TimingMethod::Device
+        } else {
+            TimingMethod::Host
+        },
+        pitch_alignment: None,
+    }
+}
+
+impl ComputeServer for WgpuServer {
+    type Kernel = WgpuKernel;
+    type Storage = WgpuStorage;
+    type Info = WgpuInfo;
+
+    fn info(&self) -> WgpuInfo {
+        self.info.clone()
+    }
+
+    fn properties(&self) -> DeviceProperties {
+        self.properties.clone()
+    }
+
+    fn owner(&self) -> HandleOwner {
+        self.owner
+    }
+
+    fn create(
+        &mut self,
+        descriptors: &[MemoryLayoutDescriptor],
+        stream: StreamId,
+    ) -> Result<Vec<MemoryLayout>, ServerError> {
+        let mut offsets = Vec::with_capacity(descriptors.len());
+        let mut total = 0u64;
+        for descriptor in descriptors {
+            if descriptor.elem_size == 0 {
+                return Err(ServerError::InvalidArgument(
+                    "tensor with an element size of 0".into(),
+                ));
+            }
+            let strides = contiguous_strides(&descriptor.shape);
+            let size = allocation_size(&descriptor.shape, &strides, descriptor.elem_size) as u64;
+            total = total.next_multiple_of(self.alignment);
+            offsets.push((total, size, strides));
+            total += size;
+        }
+        let bindable = self.info.limits.max_storage_buffer_binding_size;
+        if total > bindable {
+            return Err(ServerError::OutOfMemory {
+                requested: total,
+                reason: format!(
+                    "larger than the wgpu device can bind: max_storage_buffer_binding_size = {bindable} bytes (max_buffer_size = {})",
+                    self.info.limits.max_buffer_size
+                ),
+            });
+        }
+        let owner = self.owner;
+        let state = self.stream(stream)?;
+        let slice = if state.capture.is_some() {
+            state.memory.reserve_no_alloc(total).ok_or_else(|| {
+                ServerError::Capture(format!(
+                    "allocating {total} bytes would need a fresh allocation; warm up after graph_prepare so the persistent pool holds it"
+                ))
+            })?
+        } else {
+            state.memory.reserve(total)?
+        };
+        let base = Handle::new(slice, total, owner, stream);
+        Ok(descriptors
+            .iter()
+            .zip(offsets)
+            .map(|(descriptor, (offset, size, strides))| MemoryLayout {
+                memory: base
+                    .clone()
+                    .offset_start(offset)
+                    .offset_end(total - offset - size),
+                shape: descriptor.shape.clone(),
+                strides,
+                elem_size: descriptor.elem_size,
+            })
+            .collect())
+    }
+
+    fn write(
+        &mut self,
+        writes: Vec<(CopyDescriptor, Bytes)>,
+        stream: StreamId,
+    ) -> Result<(), ServerError> {
+        self.ensure_not_capturing(stream, "write")?;
+        for (descriptor, bytes) in writes {
+            descriptor.validate()?;
+            if bytes.len() != descriptor.compact_size() {
+                return Err(ServerError::InvalidArgument(format!(
+                    "write of {} bytes into a tensor of {} bytes",
+                    bytes.len(),
+                    descriptor.compact_size()
+                )));
+            }
+            let target = self.resolve(&descriptor.binding)?;
+            if bytes.is_empty() {
+                continue;
+            }
+            let data = bytes.try_as_slice()?;
+            // `write_buffer` lands before the next submission: submit what was recorded before.
+            self.submit()?;
+            if is_contiguous(&descriptor.shape, &descriptor.strides) {
+                write_padded(&self.queue, &target, 0, data)?;
+            } else {
+                let mut rows = Vec::new();
+                for_each_row(
+                    &descriptor.shape,
+                    &descriptor.strides,
+                    descriptor.elem_size,
+                    |s, c, n| {
+                        rows.push((s, c, n));
+                    },
+                );
+                for (strided, compact, len) in rows {
+                    write_padded(
+                        &self.queue,
+                        &target,
+                        strided as u64,
+                        &data[compact..compact + len],
+                    )?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn read(
+        &mut self,
+        descriptors: Vec<CopyDescriptor>,
+        stream: StreamId,
+    ) -> DynFut<Result<Vec<Bytes>, ServerError>> {
+        let prepared = (|| {
+            self.ensure_not_capturing(stream, "read")?;
+            self.take_error()?;
+            let mut sources = Vec::with_capacity(descriptors.len());
+            for descriptor in &descriptors {
+                descriptor.validate()?;
+                sources.push(self.resolve(&descriptor.binding)?);
+            }
+            let mut staged = Vec::with_capacity(descriptors.len());
+            for (descriptor, source) in descriptors.iter().zip(&sources) {
+                let span =
+                    strided_span(&descriptor.shape, &descriptor.strides, descriptor.elem_size);
+                if span == 0 {
+                    staged.push(None);
+                } else {
+                    let (buffer, delta) = self.stage_read(source, span as u64)?;
+                    staged.push(Some((buffer, delta as usize, span)));
+                }
+            }
+            let index = self.submit()?;
+            Ok::<_, ServerError>((staged, index))
+        })();
+        let (staged, index) = match prepared {
+            Ok(p) => p,
+            Err(e) => return ready(Err(e)),
+        };
+        let parts: Vec<ReadPart> = staged
+            .into_iter()
+            .zip(descriptors)
+            .map(|(staged, descriptor)| match staged {
+                None => ReadPart::Empty,
+                Some((staging, delta, span)) => ReadPart::Staged {
+                    mapped: map_read(&staging),
+                    staging,
+                    delta,
+                    span,
+                    descriptor,
+                },
+            })
+            .collect();
+        if let Some(index) = index {
+            self.poller.wait(index, None);
+        }
+        Box::pin(async move {
+            let mut out = Vec::with_capacity(parts.len());
+            for part in parts {
+                match part {
+                    ReadPart::Empty => out.push(Bytes::from_vec(Vec::new())),
+                    ReadPart::Staged {
+                        staging,
+                        mapped,
+                        delta,
+                        span,
+                        descriptor,
+                    } => {
+                        mapped.await.ok_or_else(gone)?.map_err(|e| {
+                            ServerError::Driver(format!("mapping a readback buffer: {e}"))
+                        })?;
+                        let bytes = {
+                            let view = staging.slice(..).get_mapped_range().map_err(|e| {
+                                ServerError::Driver(format!("reading a readback buffer: {e}"))
+                            })?;
+                            let raw = &view[delta..delta + span];
+                            if is_contiguous(&descriptor.shape, &descriptor.strides) {
+                                Bytes::from_slice(raw)
+                            } else {
+                                let mut buf = compute_core::bytes::AlignedBuf::zeroed(
+                                    descriptor.compact_size(),
+                                );
+                                let dst = buf.as_mut_slice();
+                                for_each_row(
+                                    &descriptor.shape,
+                                    &descriptor.strides,
+                                    descriptor.elem_size,
+                                    |s, c, n| {
+                                        dst[c..c + n].copy_from_slice(&raw[s..s + n]);
+                                    },
+                                );
+                                Bytes::from_aligned(buf)
+                            }
+                        };
+                        staging.unmap();
+                        out.push(bytes);
+                    }
+                }
+            }
+            Ok(out)
+        })
+    }
+
+    fn get_resource(
+        &mut self,
+        binding: Binding,
+        _stream: StreamId,
+    ) -> Result<WgpuResource, ServerError> {
+        let resource = self.resolve(&binding)?;
+        let index = self.submit_always()?;
+        self.device
+            .poll(wgpu::PollType::Wait {
+                submission_index: Some(index),
+                timeout: None,
+            })
+            .map_err(|e| ServerError::Driver(format!("waiting for the wgpu device: {e}")))?;
+        Ok(resource)
+    }
+
+    unsafe fn launch(
+        &mut self,
+        kernel: WgpuKernel,
+        count: CubeCount,
+        arguments: KernelArguments,
+        mode: ExecutionMode,
+        stream: StreamId,
+    ) -> Result<(), ServerError> {
+        let def = kernel.definition.clone();
+        let infos: Vec<BufferLaunchInfo> = arguments
+            .buffers
+            .iter()
+            .map(|b| BufferLaunchInfo {
+                len_bytes: b.binding.size(),
+                rank: b.shape.rank(),
+            })
+            .collect();
+        def.check_launch(&infos, &arguments.scalars)?;
+        let limits = &self.info.limits;
+        let shared = def.shared_memory_bytes() as u64;
+        if shared > u64::from(limits.max_compute_workgroup_storage_size) {
+            return Err(ServerError::InvalidArgument(format!(
+                "kernel `{}` uses {shared} bytes of shared memory, the device allows {} (max_compute_workgroup_storage_size)",
+                def.name(),
+                limits.max_compute_workgroup_storage_size
+            )));
+        }
+        let dim = def.cube_dim();
+        let max_dim = [
+            limits.max_compute_workgroup_size_x,
+            limits.max_compute_workgroup_size_y,
+            limits.max_compute_workgroup_size_z,
+        ];
+        if dim.iter().zip(max_dim).any(|(d, m)| *d > m)
+            || def.cube_size() > limits.max_compute_invocations_per_workgroup
+        {
+            return Err(ServerError::InvalidArgument(format!(
+                "kernel `{}` has a cube of {dim:?} units, the device allows {max_dim:?} and {} in all",
+                def.name(),
+                limits.max_compute_invocations_per_workgroup
+            )));
+        }
+        let max_count = limits.max_compute_workgroups_per_dimension;
+        let mut bindings: Vec<Binding> = Vec::with_capacity(arguments.buffers.len() + 1);
+        let (count, empty) = match count {
+            CubeCount::Static(x, y, z) => {
+                if [x, y, z].iter().any(|&c| c > max_count) {
+                    return Err(ServerError::InvalidArgument(format!(
+                        "cube count {:?} of kernel `{}` exceeds the device's max_compute_workgroups_per_dimension ({max_count})",
+                        [x, y, z],
+                        def.name()
+                    )));
+                }
+                (DispatchCount::Static([x, y, z]), x == 0 || y == 0 || z == 0)
+            }
+            CubeCount::Dynamic(binding) => {
+                let resource = self.resolve(&binding)?;
+                if resource.size < 12 || resource.offset % 4 != 0 {
+                    return Err(ServerError::InvalidArgument(format!(
+                        "a dynamic cube count needs 12 bytes (3 x u32) at a 4-byte aligned offset, its buffer has {} bytes at offset {}",
+                        resource.size, resource.offset
+                    )));
+                }
+                bindings.push(binding);
+                (
+                    DispatchCount::Dynamic {
+                        buffer: resource.buffer,
+                        offset: resource.offset,
+                    },
+                    false,
+                )
+            }
+        };
+        let checked = mode == ExecutionMode::Checked;
+        let pipeline = self.pipeline(&kernel, checked)?;
+        let layout = &pipeline.info;
+        let mut info = vec![0u32; layout.fixed_words as usize];
+        for (value, &offset) in arguments.scalars.iter().zip(&layout.scalar_offsets) {
+            let words = scalar_words(value);
+            info[offset as usize] = words[0];
+            if value.elem_type().size() == 8 {
+                info[offset as usize + 1] = words[1];
+            }
+        }
+        let mut buffers = Vec::with_capacity(arguments.buffers.len());
+        for (
+            k,
+            BufferArgument {
+                binding,
+                shape,
+                strides,
+            },
+        ) in arguments.buffers.into_iter().enumerate()
+        {
+            let resource = self.resolve(&binding)?;
+            let (bound, base, len) = self.bind(resource, pipeline.item_sizes[k], def.name())?;
+            let header = (layout.header_offset + HEADER_WORDS * k as u32) as usize;
+            let meta = info.len() as u32;
+            info[header] = base;
+            info[header + 1] = len;
+            info[header + 2] = shape.rank() as u32;
+            info[header + 3] = meta;
+            info.extend(shape.iter().map(|&d| saturate(d as u64)));
+            info.extend(strides.iter().map(|&s| saturate(s as u64)));
+            buffers.push(bound);
+            bindings.push(binding);
+        }
+        let dispatch = Arc::new(Dispatch {
+            pipeline,
+            buffers,
+            info,
+            count,
+            _bindings: bindings,
+        });
+        let state = self.stream(stream)?;
+        if let Some(capture) = &mut state.capture {
+            if !empty {
+                capture.push(dispatch);
+            }
+            return Ok(());
+        }
+        if empty {
+            return Ok(());
+        }
+        self.push(Command::Dispatch(dispatch))
+    }
+
+    fn flush(&mut self, _stream: StreamId) -> Result<(), ServerError> {
+        self.submit()?;
+        self.take_error()
+    }
+
+    fn sync(&mut self, stream: StreamId) -> DynFut<Result<(), ServerError>> {
+        if let Err(e) = self.ensure_not_capturing(stream, "sync") {
+            return ready(Err(e));
+        }
+        let index = match self.submit_always() {
+            Ok(index) => index,
+            Err(e) => return ready(Err(e)),
+        };
+        let (tx, rx) = oneshot();
+        self.poller.wait(index, Some(tx));
+        let errors = self.errors.clone();
+        Box::pin(async move {
+            rx.await.unwrap_or_else(|| Err(gone()))?;
+            match errors.lock().pop_front() {
+                Some(e) => Err(e),
+                None => Ok(()),
+            }
+        })
+    }
+
+    fn stream_ids(&self) -> Vec<StreamId> {
+        self.streams.keys().copied().collect()
+    }
+
+    fn memory_usage(&mut self, stream: StreamId) -> Result<MemoryUsage, ServerError> {
+        Ok(self.stream(stream)?.memory.memory_usage())
+    }
+
+    fn memory_cleanup(&mut self, stream: StreamId) {
+        if let Some(state) = self.streams.get_mut(&stream) {
+            state.memory.cleanup(true);
+        }
+    }
+
+    fn allocation_mode(&mut self, mode: MemoryAllocationMode, stream: StreamId) {
+        if let Ok(state) = self.stream(stream) {
+            state.memory.mode(mode);
+        }
+    }
+
+    fn configure_memory_pools(
+        &mut self,
+        config: &MemoryPoolsConfig,
+        stream: StreamId,
+    ) -> Result<bool, PoolConfigError> {
+        config.resolve(&self.properties.memory)?;
+        self.pool_config = config.clone();
+        match self.stream(stream) {
+            Ok(state) => state.memory.reconfigure(config),
+            Err(_) => Ok(false),
+        }
+    }
+
+    fn staging(&mut self, bytes: &mut [&mut Bytes], file_only: bool) -> Result<(), ServerError> {
+        for b in bytes.iter_mut() {
+            if file_only && b.kind() != BytesKind::File {
+                continue;
+            }
+            b.materialize()?;
+        }
+        Ok(())
+    }
+
+    fn graph_prepare(&mut self, stream: StreamId) -> Result<(), ServerError> {
+        self.ensure_not_capturing(stream, "graph_prepare")?;
+        self.stream(stream)?
+            .memory
+            .mode(MemoryAllocationMode::Persistent);
+        Ok(())
+    }
+
+    fn begin_capture(&mut self, stream: StreamId) -> Result<(), ServerError> {
+        self.ensure_not_capturing(stream, "start_capture")?;
+        self.stream(stream)?.capture = Some(Vec::new());
+        Ok(())
+    }
+
+    fn end_capture(&mut self, stream: StreamId) -> Result<GraphId, ServerError> {
+        let state = self.stream(stream)?;
+        let launches = state.capture.take().ok_or_else(|| {
+            ServerError::InvalidArgument(format!("stop_capture on {stream} without start_capture"))
+        })?;
+        state.memory.mode(MemoryAllocationMode::Auto);
+        let id = GraphId::fresh();
+        self.graphs.insert(id, WgpuGraph { stream, launches });
+        Ok(id)
+    }
+
+    fn graph_replay(&mut self, graph: GraphId, stream: StreamId) -> Result<(), ServerError> {
+        self.ensure_not_capturing(stream, "graph replay")?;
+        let launches = match self.graphs.get(&graph) {
+            Some(g) if g.stream == stream => g.launches.clone(),
+            Some(g) => {
+                return Err(ServerError::InvalidArgument(format!(
+                    "graph {graph:?} was captured on {} and replays there, not on {stream}",
+                    g.stream
+                )));
+            }
+            None => {
+                return Err(ServerError::InvalidArgument(format!(
+                    "graph {graph:?} is not held by this server"
+                )));
+            }
+        };
+        for launch in launches {
+            self.push(Command::Dispatch(launch))?;
+        }
+        Ok(())
+    }
+
+    fn graph_release(&mut self, graph: GraphId) {
+        self.graphs.remove(&graph);
+    }
+
+    fn profile_start(&mut self, stream: StreamId) -> Result<ProfileToken, ProfileError> {
+        self.ensure_not_capturing(stream, "profile")?;
+        let id = self.next_profile;
+        self.next_profile += 1;
+        let queries = if self.timestamps {
+            let set = self.device.create_query_set(&wgpu::QuerySetDescriptor {
+                label: Some("compute-wgpu profile"),
+                ty: wgpu::QueryType::Timestamp,
+                count: 2,
+            });
+            self.push(Command::Timestamp {
+                set: set.clone(),
+                index: 0,
+            })?;
+            Some(set)
+        } else {
+            None
+        };
+        self.profiles.insert(
+            id,
+            Profile {
+                start: Instant::now(),
+                queries,
+            },
+        );
+        Ok(ProfileToken { id })
+    }
+
+    fn profile_end(
+        &mut self,
+        token: ProfileToken,
+        stream: StreamId,
+    ) -> DynFut<Result<ProfileDuration, ProfileError>> {
+        let Some(profile) = self.profiles.remove(&token.id) else {
+            return ready(Err(ProfileError::Unavailable(format!(
+                "profile token {} was not started on this server",
+                token.id
+            ))));
+        };
+        let Some(set) = profile.queries else {
+            let done = self.sync(stream);
+            let start = profile.start;
+            return Box::pin(async move {
+                done.await?;
+                Ok(ProfileDuration {
+                    duration: start.elapsed(),
+                    timing: TimingMethod::Host,
+                })
+            });
+        };
+        let recorded = (|| {
+            self.push(Command::Timestamp {
+                set: set.clone(),
+                index: 1,
+            })?;
+            let size = 2 * u64::from(wgpu::QUERY_SIZE);
+            let resolve = self.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("compute-wgpu timestamps"),
+                size,
+                usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
+                mapped_at_creation: false,
+            });
+            self.push(Command::Resolve {
+                set,
+                count: 2,
+                dst: resolve.clone(),
+            })?;
+            let source = WgpuResource {
+                buffer: resolve,
+                offset: 0,
+                size,
+            };
+            let (staging, _) = self.stage_read(&source, size)?;
+            let index = self.submit_always()?;
+            Ok::<_, ServerError>((staging, index))
+        })();
+        let (staging, index) = match recorded {
+            Ok(r) => r,
+            Err(e) => return ready(Err(e.into())),
+        };
+        let mapped = map_read(&staging);
+        self.poller.wait(index, None);
+        let period = f64::from(self.queue.get_timestamp_period());
+        let errors = self.errors.clone();
+        Box::pin(async move {
+            mapped
+                .await
+                .ok_or_else(gone)?
+                .map_err(|e| ServerError::Driver(format!("mapping the timestamps: {e}")))?;
+            let ticks = {
+                let view = staging
+                    .slice(..)
+                    .get_mapped_range()
+                    .map_err(|e| ServerError::Driver(format!("reading the timestamps: {e}")))?;
+                let stamps: [u64; 2] = bytemuck::pod_read_unaligned(&view[..16]);
+                stamps[1].saturating_sub(stamps[0])
+            };
+            staging.unmap();
+            if let Some(e) = errors.lock().pop_front() {
+                return Err(e.into());
+            }
+            // One tick is the resolution: work that fits in it is reported as one tick.
+            let nanos = (ticks.max(1) as f64 * period).max(1.0);
+            Ok(ProfileDuration {
+                duration: Duration::from_nanos(nanos.round() as u64),
+                timing: TimingMethod::Device,
+            })
+        })
+    }
+
+    fn ensure_init_collective(
+        &mut self,
+        devices: &[DeviceId],
+        _stream: StreamId,
+    ) -> Result<(), ServerError> {
+        let group = self.check_group(devices)?;
+        self.collectives.init(group);
+        Ok(())
+    }
+
+    fn all_reduce(
+        &mut self,
+        src: Binding,
+        dst: Binding,
+        dtype: ElemType,
+        devices: Vec<DeviceId>,
+        op: ReduceOperation,
+        _stream: StreamId,
+    ) -> Result<(), ServerError> {
+        let group = self.check_group(&devices)?;
+        if !self.collectives.is_init(&group) {
+            return Err(ServerError::InvalidArgument(format!(
+                "all_reduce over {group:?} before ensure_init_collective for that group"
+            )));
+        }
+        if src.size() != dst.size() || !src.size().is_multiple_of(dtype.size() as u64) {
+            return Err(ServerError::InvalidArgument(format!(
+                "all_reduce from {} to {} bytes of {dtype}",
+                src.size(),
+                dst.size()
+            )));
+        }
+        let source = self.resolve(&src)?;
+        let target = self.resolve(&dst)?;
+        let (staging, delta) = if source.size == 0 {
+            let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("compute-wgpu empty collective"),
+                size: 4,
+                usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            });
+            (staging, 0)
+        } else {
+            self.stage_read(&source, source.size)?
+        };
+        let index = self.submit_always()?;
+        let mapped = map_read(&staging);
+        self.poller.wait(index, None);
+        let seq = self.collectives.next_round(&group);
+        let round = Round {
+            mapped,
+            staging,
+            delta,
+            len: source.size,
+            group,
+            seq,
+            me: self.owner.device,
+            dtype,
+            op,
+            dst: target,
+            dst_slice: dst.handle().memory().id(),
+        };
+        self.collectives.submit(&self.queue, round)
+    }
+
+    fn sync_collective(&mut self, _stream: StreamId) -> DynFut<Result<(), ServerError>> {
+        let rx = self.collectives.marker(&self.queue, &self.errors);
+        Box::pin(async move {
+            rx.await
+                .unwrap_or_else(|| Err(ServerError::Driver("the collective worker stopped".into())))
+        })
+    }
+}

@@ -1,0 +1,110 @@
+//! wgpu storage: one `wgpu::Buffer` per block.
+
+use compute_core::ServerError;
+use compute_core::storage::{ComputeStorage, StorageHandle, StorageId, StorageUtilization};
+use hashbrown::HashMap;
+
+/// Usages of every storage block: bound to kernels, copied from and to, and read as an indirect
+/// dispatch count.
+pub const STORAGE_USAGES: wgpu::BufferUsages = wgpu::BufferUsages::STORAGE
+    .union(wgpu::BufferUsages::COPY_SRC)
+    .union(wgpu::BufferUsages::COPY_DST)
+    .union(wgpu::BufferUsages::INDIRECT);
+
+/// A byte range of one wgpu buffer.
+#[derive(Debug, Clone)]
+pub struct WgpuResource {
+    /// The buffer (a whole storage block).
+    pub buffer: wgpu::Buffer,
+    /// Start of the range in the buffer, in bytes.
+    pub offset: u64,
+    /// Length of the range in bytes.
+    pub size: u64,
+}
+
+/// Storage blocks of one wgpu device.
+pub struct WgpuStorage {
+    device: wgpu::Device,
+    alignment: u64,
+    max_buffer_size: u64,
+    buffers: HashMap<StorageId, wgpu::Buffer>,
+}
+
+impl WgpuStorage {
+    /// Storage on `device`, slices aligned to `alignment`, blocks of at most `max_buffer_size`.
+    pub fn new(device: wgpu::Device, alignment: u64, max_buffer_size: u64) -> Self {
+        Self {
+            device,
+            alignment,
+            max_buffer_size,
+            buffers: HashMap::new(),
+        }
+    }
+}
+
+impl ComputeStorage for WgpuStorage {
+    type Resource = WgpuResource;
+
+    fn alignment(&self) -> u64 {
+        self.alignment
+    }
+
+    fn get(&mut self, handle: &StorageHandle) -> Option<WgpuResource> {
+        let buffer = self.buffers.get(&handle.id)?;
+        let end = handle
+            .utilization
+            .offset
+            .checked_add(handle.utilization.size)?;
+        if end > buffer.size() {
+            return None;
+        }
+        Some(WgpuResource {
+            buffer: buffer.clone(),
+            offset: handle.utilization.offset,
+            size: handle.utilization.size,
+        })
+    }
+
+    fn alloc(&mut self, size: u64) -> Result<StorageHandle, ServerError> {
+        if size > self.max_buffer_size {
+            return Err(ServerError::OutOfMemory {
+                requested: size,
+                reason: format!(
+                    "larger than the wgpu device's max_buffer_size ({} bytes)",
+                    self.max_buffer_size
+                ),
+            });
+        }
+        // wgpu buffers are zero-initialised; sizes are padded to the copy alignment.
+        let padded = size.max(4).next_multiple_of(wgpu::COPY_BUFFER_ALIGNMENT);
+        let scope = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+        let buffer = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("compute-wgpu block"),
+            size: padded,
+            usage: STORAGE_USAGES,
+            mapped_at_creation: false,
+        });
+        if let Some(error) = compute_core::block_on(scope.pop()) {
+            return Err(ServerError::OutOfMemory {
+                requested: size,
+                reason: format!("the wgpu device refused a buffer of {padded} bytes: {error}"),
+            });
+        }
+        let id = StorageId::new();
+        self.buffers.insert(id, buffer);
+        Ok(StorageHandle {
+            id,
+            utilization: StorageUtilization { offset: 0, size },
+        })
+    }
+
+    fn dealloc(&mut self, id: StorageId) {
+        // Dropping (not destroying) the buffer: wgpu keeps it alive until submitted work that
+        // uses it has finished.
+        self.buffers.remove(&id);
+    }
+
+    fn block_count(&self) -> usize {
+        self.buffers.len()
+    }
+}

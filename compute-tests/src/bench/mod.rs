@@ -4,10 +4,10 @@ pub mod timing;
 
 #[cfg(feature = "cpu")]
 pub mod cpu;
-#[cfg(feature = "wgpu")]
-pub mod wgpu;
 #[cfg(feature = "cpu")]
 pub mod cpu_kernels;
+#[cfg(feature = "wgpu")]
+pub mod wgpu;
 
 use serde::Serialize;
 

@@ -60,28 +60,41 @@ impl Raw {
 
     /// The pipeline of a portable kernel compiled by the backend's own compiler (same WGSL),
     /// with buffers bound whole and a zeroed info buffer holding `lens`.
-    fn pipeline(&self, kernel: &KernelDefinition, buffers: &[&wgpu::Buffer], item: u64) -> (wgpu::ComputePipeline, wgpu::BindGroup) {
+    fn pipeline(
+        &self,
+        kernel: &KernelDefinition,
+        buffers: &[&wgpu::Buffer],
+        item: u64,
+    ) -> (wgpu::ComputePipeline, wgpu::BindGroup) {
         let caps = ShaderCapabilities::from_features(self.device.features());
         let compiled = compile(kernel, caps, false).expect("bench kernel compiles");
-        let module = self.device.create_shader_module(wgpu::ShaderModuleDescriptor {
-            label: None,
-            source: wgpu::ShaderSource::Wgsl(compiled.source.as_str().into()),
-        });
-        let pipeline = self.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
-            label: None,
-            layout: None,
-            module: &module,
-            entry_point: Some("main"),
-            compilation_options: Default::default(),
-            cache: None,
-        });
+        let module = self
+            .device
+            .create_shader_module(wgpu::ShaderModuleDescriptor {
+                label: None,
+                source: wgpu::ShaderSource::Wgsl(compiled.source.as_str().into()),
+            });
+        let pipeline = self
+            .device
+            .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                label: None,
+                layout: None,
+                module: &module,
+                entry_point: Some("main"),
+                compilation_options: Default::default(),
+                cache: None,
+            });
         let mut info = vec![0u32; compiled.info.fixed_words as usize];
         for (k, b) in buffers.iter().enumerate() {
             let h = (compiled.info.header_offset + 4 * k as u32) as usize;
             info[h + 1] = (b.size() / item) as u32;
         }
-        let info_buffer = self.buffer((info.len().max(1) * 4) as u64, wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST);
-        self.queue.write_buffer(&info_buffer, 0, bytemuck::cast_slice(&info));
+        let info_buffer = self.buffer(
+            (info.len().max(1) * 4) as u64,
+            wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
+        );
+        self.queue
+            .write_buffer(&info_buffer, 0, bytemuck::cast_slice(&info));
         let mut entries: Vec<wgpu::BindGroupEntry<'_>> = buffers
             .iter()
             .enumerate()
@@ -103,7 +116,13 @@ impl Raw {
         (pipeline, group)
     }
 
-    fn dispatch(&self, pipeline: &wgpu::ComputePipeline, group: &wgpu::BindGroup, count: u32, times: usize) {
+    fn dispatch(
+        &self,
+        pipeline: &wgpu::ComputePipeline,
+        group: &wgpu::BindGroup,
+        count: u32,
+        times: usize,
+    ) {
         let mut encoder = self.device.create_command_encoder(&Default::default());
         {
             let mut pass = encoder.begin_compute_pass(&Default::default());
@@ -141,7 +160,9 @@ fn launch(client: &ComputeClient<WgpuRuntime>, raw: &Raw) -> Vec<Row> {
     let out = client.empty(64 * 4);
     let args = KernelArguments::new().buffer(out.binding());
     // SAFETY: one cube of 64 units stores into a buffer of exactly 64 f32.
-    let launch_once = || unsafe { client.launch_unchecked(kernel.clone(), CubeCount::Static(1, 1, 1), args.clone()) };
+    let launch_once = || unsafe {
+        client.launch_unchecked(kernel.clone(), CubeCount::Static(1, 1, 1), args.clone())
+    };
     launch_once();
     block_on(client.sync()).expect("sync");
     let iters = 200;
@@ -202,7 +223,9 @@ fn bandwidth(client: &ComputeClient<WgpuRuntime>, raw: &Raw) -> Vec<Row> {
     let input = client.create(Bytes::from_slice(&src));
     let output = client.empty(size);
     let count = CubeCount::cover(size / 16, 256);
-    let args = KernelArguments::new().buffer(input.clone().binding()).buffer(output.clone().binding());
+    let args = KernelArguments::new()
+        .buffer(input.clone().binding())
+        .buffer(output.clone().binding());
     // SAFETY: the launch covers size / 16 vec4 items of both buffers exactly (size is a multiple of 4096).
     let copy = || unsafe { client.launch_unchecked(kernel.clone(), count.clone(), args.clone()) };
     copy();
@@ -211,7 +234,8 @@ fn bandwidth(client: &ComputeClient<WgpuRuntime>, raw: &Raw) -> Vec<Row> {
         copy();
         block_on(client.sync()).expect("sync");
     });
-    let usage = wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST;
+    let usage =
+        wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST;
     let a = raw.buffer(size as u64, usage);
     let b = raw.buffer(size as u64, usage);
     let raw_copy = best_per_call(5, 1, || {
@@ -239,7 +263,10 @@ fn bandwidth(client: &ComputeClient<WgpuRuntime>, raw: &Raw) -> Vec<Row> {
         assert_eq!(bytes.len(), size);
     });
     let raw_readback = best_per_call(5, 1, || {
-        let staging = raw.buffer(size as u64, wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST);
+        let staging = raw.buffer(
+            size as u64,
+            wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+        );
         let mut encoder = raw.device.create_command_encoder(&Default::default());
         encoder.copy_buffer_to_buffer(&a, 0, &staging, 0, Some(size as u64));
         raw.queue.submit([encoder.finish()]);

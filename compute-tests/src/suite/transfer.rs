@@ -252,7 +252,10 @@ pub fn get_resource_of_own_handle<R: Runtime>(mut client: ComputeClient<R>) {
         "the resource keeps its allocation alive"
     );
     drop(resource);
-    assert_eq!(client.stream_memory_usage().unwrap().number_allocs, live - 1);
+    assert_eq!(
+        client.stream_memory_usage().unwrap().number_allocs,
+        live - 1
+    );
 }
 
 /// 1,000 tensors created in a row, then all read back: every byte exact.

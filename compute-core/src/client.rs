@@ -386,17 +386,21 @@ impl<R: Runtime> ComputeClient<R> {
 
     /// Allocate `size` bytes; errors are returned, not queued.
     pub fn try_empty(&self, size: usize) -> Result<Handle, ServerError> {
-        let descriptor = MemoryLayoutDescriptor::contiguous([size], 1);
-        Ok(self.try_empty_tensors(vec![descriptor])?.remove(0).memory)
+        let stream = self.stream_id();
+        self.with_server(|server| server.create_buffer(size as u64, stream))
     }
 
     /// Allocate a buffer holding `data`; errors are returned, not queued.
     pub fn try_create(&self, data: Bytes) -> Result<Handle, ServerError> {
-        let descriptor = MemoryLayoutDescriptor::contiguous([data.len()], 1);
-        Ok(self
-            .try_create_tensors(vec![(descriptor, data)])?
-            .remove(0)
-            .memory)
+        let stream = self.stream_id();
+        self.with_server(|server| {
+            let handle = server.create_buffer(data.len() as u64, stream)?;
+            if !data.is_empty() {
+                let descriptor = handle.clone().copy_descriptor_bytes();
+                server.write(vec![(descriptor, data)], stream)?;
+            }
+            Ok(handle)
+        })
     }
 
     fn layouts_or_failed(

@@ -13,7 +13,7 @@ use crate::error::{ProfileError, ServerError};
 use crate::future::DynFut;
 use crate::graph::GraphId;
 use crate::handle::{
-    Binding, CopyDescriptor, CubeCount, ExecutionMode, HandleOwner, KernelArguments,
+    Binding, CopyDescriptor, CubeCount, ExecutionMode, Handle, HandleOwner, KernelArguments,
 };
 use crate::kernel::KernelDefinition;
 use crate::layout::{MemoryLayout, MemoryLayoutDescriptor};
@@ -52,6 +52,16 @@ pub trait ComputeServer: Send + Sized + 'static {
         descriptors: &[MemoryLayoutDescriptor],
         stream: StreamId,
     ) -> Result<Vec<MemoryLayout>, ServerError>;
+
+    /// Allocate one contiguous buffer of `size` bytes: the fast path behind `empty` and `create`.
+    ///
+    /// The default goes through [`create`](Self::create); backends override it to skip the
+    /// layout bookkeeping.
+    fn create_buffer(&mut self, size: u64, stream: StreamId) -> Result<Handle, ServerError> {
+        let descriptor = MemoryLayoutDescriptor::contiguous([size as usize], 1);
+        let mut layouts = self.create(core::slice::from_ref(&descriptor), stream)?;
+        Ok(layouts.swap_remove(0).memory)
+    }
 
     /// Enqueue host-to-device copies. `data` is compact (no padding); the descriptor's strides say
     /// where each row lands. Later work on `stream` sees the data.

@@ -423,6 +423,21 @@ impl ComputeServer for CpuServer {
             .collect())
     }
 
+    fn create_buffer(&mut self, size: u64, stream: StreamId) -> Result<Handle, ServerError> {
+        let owner = self.owner;
+        let state = self.stream(stream)?;
+        let slice = if state.capture.is_some() {
+            state.memory.reserve_no_alloc(size).ok_or_else(|| {
+                ServerError::Capture(format!(
+                    "allocating {size} bytes would need a fresh allocation; warm up after graph_prepare so the persistent pool holds it"
+                ))
+            })?
+        } else {
+            state.memory.reserve(size)?
+        };
+        Ok(Handle::new(slice, size, owner, stream))
+    }
+
     fn write(
         &mut self,
         writes: Vec<(CopyDescriptor, Bytes)>,

@@ -25,6 +25,11 @@ pub fn enabled() -> Vec<BackendEntry> {
         name: compute_wgpu::WgpuRuntime::name(),
         availability: compute_wgpu::WgpuRuntime::availability,
     });
+    #[cfg(feature = "cuda")]
+    list.push(BackendEntry {
+        name: compute_cuda::CudaRuntime::name(),
+        availability: compute_cuda::CudaRuntime::availability,
+    });
     list
 }
 

@@ -21,3 +21,33 @@ pub fn sync<R: Runtime>(client: &ComputeClient<R>) {
 pub fn ramp(n: usize, scale: f32) -> Vec<f32> {
     (0..n).map(|i| i as f32 * scale).collect()
 }
+
+/// The first `n` devices of the client's type, or `None` when the machine has fewer.
+///
+/// With too few devices (one GPU, say), the multi-device test cannot run; this then checks the
+/// single-device contract instead — loading a device index that does not exist is a clean error,
+/// never a panic — and says so on stderr, so the reduced run is visible in the test output.
+pub fn devices_or_single_device_check<R: Runtime>(
+    client: &ComputeClient<R>,
+    n: usize,
+    test: &str,
+) -> Option<Vec<DeviceId>> {
+    let type_id = client.device_id().type_id;
+    let devices = client.enumerate_devices(type_id);
+    if devices.len() >= n {
+        return Some(devices[..n].to_vec());
+    }
+    let missing = DeviceId::new(type_id, devices.len() as u32);
+    let loaded = ComputeClient::<R>::try_load(&<R::Device as Device>::from_id(missing));
+    assert!(
+        loaded.is_err(),
+        "device {missing} does not exist on {}, yet it loaded",
+        R::name()
+    );
+    eprintln!(
+        "{}::{test}: needs {n} devices, this machine has {}; checked the clean error for a missing device instead",
+        R::name(),
+        devices.len()
+    );
+    None
+}

@@ -4,3 +4,5 @@
 compute_tests::conformance_suite!(cpu, compute_cpu::CpuRuntime);
 #[cfg(feature = "wgpu")]
 compute_tests::conformance_suite!(wgpu, compute_wgpu::WgpuRuntime);
+#[cfg(feature = "cuda")]
+compute_tests::conformance_suite!(cuda, compute_cuda::CudaRuntime);

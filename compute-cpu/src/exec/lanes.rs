@@ -179,13 +179,14 @@ pub(crate) fn erf(x: f64) -> f64 {
         let x2 = a * a;
         let mut term = a;
         let mut sum = a;
-        let mut n = 0.0;
-        loop {
-            n += 1.0;
+        // At most 100 terms: for a < 2.5 the series has converged to f64 precision by then, and
+        // the bound also ends the loop for a == 0 (where every term is 0).
+        for n in 1..=100 {
+            let n = n as f64;
             term *= -x2 / n;
             let t = term / (2.0 * n + 1.0);
             sum += t;
-            if t.abs() < 1e-17 * sum.abs() {
+            if t.abs() <= 1e-17 * sum.abs() {
                 break;
             }
         }

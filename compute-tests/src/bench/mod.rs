@@ -6,6 +6,8 @@ pub mod timing;
 pub mod cpu;
 #[cfg(feature = "cpu")]
 pub mod cpu_kernels;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 #[cfg(feature = "wgpu")]
 pub mod wgpu;
 

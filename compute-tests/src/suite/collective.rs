@@ -3,22 +3,13 @@
 use compute_core::{ComputeClient, DeviceId, ElemType, ReduceOperation, Runtime};
 
 use crate::kernels;
-use crate::util::{client_of, f32_bytes, ramp};
-
-fn group<R: Runtime>(client: &ComputeClient<R>, n: usize) -> Vec<DeviceId> {
-    let devices = client.enumerate_devices(client.device_id().type_id);
-    assert!(
-        devices.len() >= n,
-        "this test needs {n} devices, {} has {}",
-        R::name(),
-        devices.len()
-    );
-    devices[..n].to_vec()
-}
+use crate::util::{client_of, devices_or_single_device_check, f32_bytes, ramp};
 
 /// `all_reduce` Sum and Mean over f32 and i32 on a subset of the devices.
 pub fn all_reduce_sum_and_mean<R: Runtime>(client: ComputeClient<R>) {
-    let ids = group(&client, 3);
+    let Some(ids) = devices_or_single_device_check(&client, 3, "all_reduce_sum_and_mean") else {
+        return;
+    };
     let mut clients: Vec<ComputeClient<R>> = ids.iter().map(|&d| client_of::<R>(d)).collect();
     for c in &mut clients {
         c.ensure_init_collective(ids.clone());
@@ -72,7 +63,10 @@ pub fn all_reduce_sum_and_mean<R: Runtime>(client: ComputeClient<R>) {
 
 /// A collective is ordered after the compute that produced its input, and before later reads.
 pub fn all_reduce_orders_with_compute<R: Runtime>(client: ComputeClient<R>) {
-    let ids = group(&client, 2);
+    let Some(ids) = devices_or_single_device_check(&client, 2, "all_reduce_orders_with_compute")
+    else {
+        return;
+    };
     let mut clients: Vec<ComputeClient<R>> = ids.iter().map(|&d| client_of::<R>(d)).collect();
     let n = 4096;
     let mut outs = Vec::new();
@@ -99,7 +93,9 @@ pub fn all_reduce_orders_with_compute<R: Runtime>(client: ComputeClient<R>) {
 
 /// A collective over a group that does not contain the device, or before init, is an error.
 pub fn collective_errors<R: Runtime>(mut client: ComputeClient<R>) {
-    let ids = group(&client, 2);
+    let Some(ids) = devices_or_single_device_check(&client, 2, "collective_errors") else {
+        return;
+    };
     let others: Vec<DeviceId> = ids
         .iter()
         .copied()

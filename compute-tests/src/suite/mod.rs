@@ -3,6 +3,11 @@
 pub mod collective;
 pub mod devices;
 pub mod graph;
+pub mod ir_arith;
+pub mod ir_control;
+pub mod ir_math;
+pub mod ir_types;
+pub mod ir_util;
 pub mod launch;
 pub mod memory;
 pub mod profile;
@@ -44,6 +49,36 @@ macro_rules! for_each_test {
             streams::read_after_write_across_streams,
             streams::eight_threads_hammer_one_device,
             streams::exclusive_keeps_others_out,
+            ir_types::ir_types_load_store_every_elem,
+            ir_types::ir_types_scalar_every_elem,
+            ir_types::ir_types_bool_logic,
+            ir_types::ir_types_vector_widths,
+            ir_types::ir_types_read_only_and_read_write,
+            ir_types::ir_types_f16_arith,
+            ir_types::ir_types_bf16_arith,
+            ir_types::ir_types_f32_arith,
+            ir_types::ir_types_f64_arith,
+            ir_arith::ir_arith_i8,
+            ir_arith::ir_arith_i16,
+            ir_arith::ir_arith_i32,
+            ir_arith::ir_arith_i64,
+            ir_arith::ir_arith_u8,
+            ir_arith::ir_arith_u16,
+            ir_arith::ir_arith_u32,
+            ir_arith::ir_arith_u64,
+            ir_arith::ir_arith_int_edge_cases,
+            ir_arith::ir_arith_cast_float_to_int,
+            ir_arith::ir_arith_cast_conversions,
+            ir_arith::ir_arith_bitcast,
+            ir_arith::ir_arith_select_vector,
+            ir_math::ir_math_f32,
+            ir_math::ir_math_f64,
+            ir_math::ir_math_f16,
+            ir_math::ir_math_bf16,
+            ir_control::ir_control_if_else_divergence,
+            ir_control::ir_control_range_steps,
+            ir_control::ir_control_loop_break_continue,
+            ir_control::ir_control_early_return,
             launch::elementwise_add,
             launch::bounds_checked_and_unchecked,
             launch::zero_count_launch,

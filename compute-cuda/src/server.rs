@@ -1,0 +1,1279 @@
+//! The CUDA server: a stream per `StreamId`, pools over device memory, a module cache, graphs by
+//! stream capture, NCCL collectives and event-timed profiles.
+
+use std::sync::Arc;
+
+use compute_core::future::DynFut;
+use compute_core::graph::GraphId;
+use compute_core::handle::{HandleOwner, StreamPoint};
+use compute_core::kernel::{BufferLaunchInfo, KernelId, ScalarValue};
+use compute_core::layout::{allocation_size, contiguous_strides, pitched_strides};
+use compute_core::memory::{
+    MemoryAllocationMode, MemoryManagement, MemoryPoolsConfig, MemoryUsage, PoolConfigError,
+};
+use compute_core::profile::ProfileToken;
+use compute_core::{
+    Binding, Bytes, BytesKind, ComputeServer, CopyDescriptor, CubeCount, DeviceId,
+    DeviceProperties, ElemType, ExecutionMode, Handle, KernelArguments, MemoryLayout,
+    MemoryLayoutDescriptor, MemoryLayoutPolicy, ProfileDuration, ProfileError, ReduceOperation,
+    ServerError, StreamId, TimingMethod,
+};
+use cudarc::driver::{result, sys};
+use hashbrown::HashMap;
+
+use crate::codegen::{MAX_RANK, META_BYTES};
+use crate::compiler::{self, CompiledKernel, Target};
+use crate::device::CudaDevice;
+use crate::driver::{Check, Context, Raw};
+use crate::kernel::CudaKernel;
+use crate::pinned::PinnedPool;
+use crate::storage::{CUDA_ALIGNMENT, CudaResource, CudaStorage};
+use crate::stream::{EventPool, GraphExec, KeepAlive, StreamState};
+
+/// Writes up to this size go straight from pageable memory (the driver stages them at once).
+const PAGEABLE_DIRECT: usize = 256 << 10;
+
+/// Size of the pinned chunks large pageable writes are staged through.
+const STAGING_CHUNK: usize = 32 << 20;
+
+/// `dst.copy_from_slice(src)`, spread over a few threads for large buffers (one thread's memcpy
+/// is well below the PCIe/NVLink-C2C bandwidth).
+fn parallel_copy(dst: &mut [u8], src: &[u8]) {
+    const MIN_PER_THREAD: usize = 4 << 20;
+    let threads = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(8)
+        .min(src.len() / MIN_PER_THREAD)
+        .max(1);
+    if threads == 1 {
+        dst.copy_from_slice(src);
+        return;
+    }
+    let part = src.len().div_ceil(threads);
+    std::thread::scope(|scope| {
+        for (d, s) in dst.chunks_mut(part).zip(src.chunks(part)) {
+            scope.spawn(move || d.copy_from_slice(s));
+        }
+    });
+}
+
+/// Backend information of a CUDA server.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CudaInfo {
+    /// The GPU.
+    pub device: CudaDevice,
+    /// Compute capability (major, minor).
+    pub compute_capability: (u32, u32),
+    /// Driver version, e.g. 13000.
+    pub driver_version: i32,
+}
+
+struct CudaGraph {
+    exec: GraphExec,
+    stream: StreamId,
+    holds: Vec<Binding>,
+}
+
+/// One contiguous run of rows for a 2-D copy: offsets in the strided and compact layouts, rows,
+/// row pitch of the strided side, row width; all in bytes.
+struct RowBlock {
+    strided: usize,
+    compact: usize,
+    height: usize,
+    pitch: usize,
+    width: usize,
+}
+
+fn row_blocks(shape: &[usize], strides: &[usize], elem: usize) -> Vec<RowBlock> {
+    let rank = shape.len();
+    if shape.contains(&0) {
+        return Vec::new();
+    }
+    let width = shape.last().map_or(elem, |&n| n * elem);
+    if rank < 2 || strides == contiguous_strides(shape).0.as_slice() {
+        let total = shape.iter().product::<usize>() * elem;
+        return vec![RowBlock {
+            strided: 0,
+            compact: 0,
+            height: 1,
+            pitch: total,
+            width: total,
+        }];
+    }
+    let pitch = strides[rank - 2] * elem;
+    let uniform = (0..rank - 2).all(|i| strides[i] == strides[i + 1] * shape[i + 1]);
+    if uniform {
+        let rows: usize = shape[..rank - 1].iter().product();
+        return vec![RowBlock {
+            strided: 0,
+            compact: 0,
+            height: rows,
+            pitch,
+            width,
+        }];
+    }
+    let outer: usize = shape[..rank - 2].iter().product();
+    let plane_rows = shape[rank - 2];
+    let mut index = vec![0usize; rank - 2];
+    let mut blocks = Vec::with_capacity(outer);
+    for o in 0..outer {
+        let offset: usize = index.iter().zip(strides).map(|(i, s)| i * s).sum();
+        blocks.push(RowBlock {
+            strided: offset * elem,
+            compact: o * plane_rows * width,
+            height: plane_rows,
+            pitch,
+            width,
+        });
+        for d in (0..rank - 2).rev() {
+            index[d] += 1;
+            if index[d] < shape[d] {
+                break;
+            }
+            index[d] = 0;
+        }
+    }
+    blocks
+}
+
+/// A host <-> device 2-D copy of one row block, enqueued on `stream`.
+///
+/// # Safety
+/// `host` must hold the compact block and `device` the strided one, both alive until the copy ran.
+unsafe fn copy_block(
+    block: &RowBlock,
+    host: *mut u8,
+    device: u64,
+    to_device: bool,
+    stream: sys::CUstream,
+) -> Result<(), ServerError> {
+    // SAFETY: the caller guarantees `host` covers the compact block.
+    let host = unsafe { host.add(block.compact) };
+    let device = device + block.strided as u64;
+    if block.height == 1 {
+        let result = if to_device {
+            // SAFETY: `host` holds `width` bytes (caller), pinned or staged by the driver.
+            let src = unsafe { core::slice::from_raw_parts(host.cast_const(), block.width) };
+            // SAFETY: `device` holds `width` bytes (caller).
+            unsafe { result::memcpy_htod_async(device, src, stream) }
+        } else {
+            // SAFETY: `host` holds `width` writable bytes (caller).
+            let dst = unsafe { core::slice::from_raw_parts_mut(host, block.width) };
+            // SAFETY: `device` holds `width` bytes (caller).
+            unsafe { result::memcpy_dtoh_async(dst, device, stream) }
+        };
+        return result.check(if to_device {
+            "cuMemcpyHtoDAsync"
+        } else {
+            "cuMemcpyDtoHAsync"
+        });
+    }
+    let (host_type, device_type) = (
+        sys::CUmemorytype::CU_MEMORYTYPE_HOST,
+        sys::CUmemorytype::CU_MEMORYTYPE_DEVICE,
+    );
+    let d = sys::CUDA_MEMCPY2D {
+        srcXInBytes: 0,
+        srcY: 0,
+        srcMemoryType: if to_device { host_type } else { device_type },
+        srcHost: if to_device {
+            host.cast_const().cast()
+        } else {
+            core::ptr::null()
+        },
+        srcDevice: if to_device { 0 } else { device },
+        srcArray: core::ptr::null_mut(),
+        srcPitch: if to_device { block.width } else { block.pitch },
+        dstXInBytes: 0,
+        dstY: 0,
+        dstMemoryType: if to_device { device_type } else { host_type },
+        dstHost: if to_device {
+            core::ptr::null_mut()
+        } else {
+            host.cast()
+        },
+        dstDevice: if to_device { device } else { 0 },
+        dstArray: core::ptr::null_mut(),
+        dstPitch: if to_device { block.pitch } else { block.width },
+        WidthInBytes: block.width,
+        Height: block.height,
+    };
+    // SAFETY: the descriptor describes ranges the caller keeps alive.
+    unsafe { sys::cuMemcpy2DAsync_v2(&d, stream) }
+        .result()
+        .check("cuMemcpy2DAsync")
+}
+
+fn ready<T: Send + 'static>(value: T) -> DynFut<T> {
+    Box::pin(core::future::ready(value))
+}
+
+/// The server of one GPU.
+pub struct CudaServer {
+    device: CudaDevice,
+    context: Arc<Context>,
+    owner: HandleOwner,
+    properties: DeviceProperties,
+    target: Target,
+    pool_config: MemoryPoolsConfig,
+    streams: HashMap<StreamId, StreamState>,
+    events: EventPool,
+    pinned: Arc<PinnedPool>,
+    kernels: HashMap<(KernelId, bool), Arc<CompiledKernel>>,
+    graphs: HashMap<GraphId, CudaGraph>,
+    profiles: HashMap<u64, Raw<sys::CUevent>>,
+    next_profile: u64,
+    comm_stream: StreamId,
+    collective_groups: Vec<Vec<DeviceId>>,
+}
+
+impl core::fmt::Debug for CudaServer {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("CudaServer")
+            .field("device", &self.device)
+            .field("streams", &self.streams.len())
+            .field("kernels", &self.kernels.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl CudaServer {
+    pub(crate) fn new(
+        device: CudaDevice,
+        context: Arc<Context>,
+        properties: DeviceProperties,
+    ) -> Result<Self, ServerError> {
+        static NEXT_SERVER: core::sync::atomic::AtomicU64 = core::sync::atomic::AtomicU64::new(1);
+        use sys::CUdevice_attribute as A;
+        let target = Target {
+            major: context.attribute(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR),
+            minor: context.attribute(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR),
+            driver: crate::driver::driver_version(),
+        };
+        let pinned = PinnedPool::new(context.clone());
+        Ok(Self {
+            device,
+            owner: HandleOwner {
+                device: compute_core::Device::to_id(&device),
+                server: NEXT_SERVER.fetch_add(1, core::sync::atomic::Ordering::Relaxed),
+            },
+            context,
+            properties,
+            target,
+            pool_config: MemoryPoolsConfig::default(),
+            streams: HashMap::new(),
+            events: EventPool::default(),
+            pinned,
+            kernels: HashMap::new(),
+            graphs: HashMap::new(),
+            profiles: HashMap::new(),
+            next_profile: 1,
+            comm_stream: StreamId::fresh(),
+            collective_groups: Vec::new(),
+        })
+    }
+
+    /// The pinned staging pool of this device.
+    pub fn pinned_pool(&self) -> &Arc<PinnedPool> {
+        &self.pinned
+    }
+
+    fn stream(&mut self, id: StreamId) -> Result<&mut StreamState, ServerError> {
+        self.context.bind()?;
+        if !self.streams.contains_key(&id) {
+            let memory = MemoryManagement::new(
+                CudaStorage::new(),
+                &self.pool_config,
+                self.properties.memory.clone(),
+            )
+            .map_err(|e| ServerError::InvalidArgument(e.to_string()))?;
+            self.streams.insert(id, StreamState::new(memory)?);
+        }
+        let state = self
+            .streams
+            .get_mut(&id)
+            .unwrap_or_else(|| unreachable!("inserted just above"));
+        if state.capture.is_none() {
+            state.retire(&mut self.events);
+        }
+        Ok(state)
+    }
+
+    fn resolve(&mut self, binding: &Binding) -> Result<CudaResource, ServerError> {
+        binding.check_owner(self.owner)?;
+        let handle = binding.handle();
+        let missing = || {
+            ServerError::InvalidArgument(
+                "the handle has no memory (its allocation failed; see the error queued then)"
+                    .into(),
+            )
+        };
+        let state = self.streams.get_mut(&handle.stream()).ok_or_else(missing)?;
+        state
+            .memory
+            .get_resource(
+                handle.memory().id(),
+                handle.slice_offset_start(),
+                handle.slice_offset_end(),
+            )
+            .ok_or_else(missing)
+    }
+
+    fn ensure_not_capturing(&mut self, stream: StreamId, what: &str) -> Result<(), ServerError> {
+        if self.stream(stream)?.capture.is_some() {
+            return Err(ServerError::Capture(format!(
+                "{what} on {stream} while a graph capture is running"
+            )));
+        }
+        Ok(())
+    }
+
+    /// An event on `other` that covers its command `seq`, recording one only when none does.
+    fn marker(
+        &mut self,
+        other: StreamId,
+        seq: u64,
+    ) -> Result<Option<Raw<sys::CUevent>>, ServerError> {
+        let Some(state) = self.streams.get_mut(&other) else {
+            return Ok(None);
+        };
+        if state.capture.is_some() {
+            return Ok(None);
+        }
+        if let Some((covered, event)) = state.marker
+            && covered >= seq
+        {
+            return Ok(Some(event));
+        }
+        let event = self.events.take()?;
+        // SAFETY: event and stream are alive.
+        unsafe { result::event::record(event.0, state.raw.0) }.check("cuEventRecord")?;
+        if let Some((_, old)) = state.marker.replace((state.seq, event)) {
+            self.events.give(old);
+        }
+        Ok(Some(event))
+    }
+
+    /// Make `stream` wait for the last uses of `bindings` on other streams.
+    fn order_after(&mut self, stream: StreamId, bindings: &[&Binding]) -> Result<(), ServerError> {
+        for binding in bindings {
+            let Some(point) = binding.handle().access().last() else {
+                continue;
+            };
+            if point.stream == stream {
+                continue;
+            }
+            if let Some(event) = self.marker(point.stream, point.seq)? {
+                let state = self.stream(stream)?;
+                if state.capture.is_some() {
+                    continue;
+                }
+                // SAFETY: both the stream and the event are alive.
+                unsafe {
+                    result::stream::wait_event(
+                        state.raw.0,
+                        event.0,
+                        sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
+                    )
+                }
+                .check("cuStreamWaitEvent")?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Record the command just submitted on `stream` as the last use of `bindings`, and keep the
+    /// ones of other streams' pools (plus `extra`) alive until it completed.
+    fn mark(
+        &mut self,
+        stream: StreamId,
+        bindings: &[&Binding],
+        mut extra: Vec<KeepAlive>,
+    ) -> Result<(), ServerError> {
+        let state = self
+            .streams
+            .get_mut(&stream)
+            .unwrap_or_else(|| unreachable!("the stream submitted the command"));
+        state.seq += 1;
+        let point = StreamPoint {
+            stream,
+            seq: state.seq,
+        };
+        for binding in bindings {
+            binding.handle().access().replace(point);
+            if binding.handle().stream() != stream {
+                match &mut state.capture {
+                    Some(holds) => holds.push((*binding).clone()),
+                    None => extra.push(KeepAlive::Binding((*binding).clone())),
+                }
+            }
+        }
+        state.hold(&mut self.events, extra)
+    }
+
+    fn strides_for(&self, descriptor: &MemoryLayoutDescriptor) -> compute_core::Strides {
+        match (descriptor.policy, self.properties.pitch_alignment) {
+            (MemoryLayoutPolicy::Optimized, Some(align)) => {
+                pitched_strides(&descriptor.shape, descriptor.elem_size, align)
+            }
+            _ => contiguous_strides(&descriptor.shape),
+        }
+    }
+
+    fn compiled(
+        &mut self,
+        kernel: &CudaKernel,
+        checked: bool,
+    ) -> Result<Arc<CompiledKernel>, ServerError> {
+        if let Some(found) = self.kernels.get(&(kernel.id, checked)) {
+            return Ok(found.clone());
+        }
+        let compiled = Arc::new(compiler::compile(
+            &kernel.definition,
+            kernel.id,
+            checked,
+            self.target,
+        )?);
+        self.kernels.insert((kernel.id, checked), compiled.clone());
+        Ok(compiled)
+    }
+
+    /// A future completing when `event` (recorded just before) completed; destroys it then.
+    fn event_future(
+        &self,
+        event: Raw<sys::CUevent>,
+    ) -> impl core::future::Future<Output = Result<(), ServerError>> + Send + 'static {
+        let context = self.context.clone();
+        async move {
+            let event = event;
+            context.bind()?;
+            // SAFETY: the event was recorded and is owned by this future.
+            let outcome =
+                unsafe { result::event::synchronize(event.0) }.check("waiting for the stream");
+            // SAFETY: owned by this future, destroyed once.
+            let _ = unsafe { result::event::destroy(event.0) };
+            outcome
+        }
+    }
+
+    /// Record a fresh event on `stream` (for a future to wait on).
+    fn record_fresh(&mut self, stream: StreamId) -> Result<Raw<sys::CUevent>, ServerError> {
+        let raw = self.stream(stream)?.raw;
+        let event = Raw(
+            result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
+                .check("cuEventCreate")?,
+        );
+        // SAFETY: event and stream are alive.
+        if let Err(e) = unsafe { result::event::record(event.0, raw.0) }.check("cuEventRecord") {
+            // SAFETY: created above, never recorded.
+            let _ = unsafe { result::event::destroy(event.0) };
+            return Err(e);
+        }
+        Ok(event)
+    }
+
+    fn write_one(
+        &mut self,
+        stream: StreamId,
+        descriptor: CopyDescriptor,
+        bytes: Bytes,
+    ) -> Result<(), ServerError> {
+        descriptor.validate()?;
+        if bytes.len() != descriptor.compact_size() {
+            return Err(ServerError::InvalidArgument(format!(
+                "write of {} bytes into a tensor of {} bytes",
+                bytes.len(),
+                descriptor.compact_size()
+            )));
+        }
+        if bytes.is_empty() {
+            return Ok(());
+        }
+        let target = self.resolve(&descriptor.binding)?;
+        let binding = descriptor.binding.clone();
+        self.order_after(stream, &[&binding])?;
+        let blocks = row_blocks(&descriptor.shape, &descriptor.strides, descriptor.elem_size);
+        let contiguous = blocks.len() == 1 && blocks[0].height == 1;
+        let raw = self.stream(stream)?.raw;
+        let mut keep = Vec::new();
+        if contiguous && bytes.kind() != BytesKind::Pinned && bytes.len() <= PAGEABLE_DIRECT {
+            let src = bytes.try_as_slice()?;
+            // SAFETY: pageable host-to-device copies return once the driver staged the bytes;
+            // `target` holds `src.len()` bytes (validated).
+            unsafe { result::memcpy_htod_async(target.ptr, src, raw.0) }
+                .check("cuMemcpyHtoDAsync")?;
+        } else if contiguous && bytes.kind() != BytesKind::Pinned {
+            // Large pageable writes: staged chunk by chunk, so the host copy of one chunk overlaps
+            // the DMA of the previous one.
+            let src = bytes.try_as_slice()?;
+            for (i, piece) in src.chunks(STAGING_CHUNK).enumerate() {
+                let mut staging = self.pinned.take(piece.len())?;
+                parallel_copy(compute_core::HostBuffer::as_bytes_mut(&mut staging), piece);
+                let staged = compute_core::HostBuffer::as_bytes(&staging);
+                let offset = (i * STAGING_CHUNK) as u64;
+                // SAFETY: `staged` is pinned and kept alive until the copy completed; the chunk
+                // lies inside `target` (validated).
+                unsafe { result::memcpy_htod_async(target.ptr + offset, staged, raw.0) }
+                    .check("cuMemcpyHtoDAsync")?;
+                keep.push(KeepAlive::Pinned(staging));
+            }
+        } else {
+            let (host, hold) = if bytes.kind() == BytesKind::Pinned {
+                let ptr = bytes.try_as_slice()?.as_ptr().cast_mut();
+                (ptr, KeepAlive::Bytes(bytes))
+            } else {
+                let mut staging = self.pinned.take(bytes.len())?;
+                compute_core::HostBuffer::as_bytes_mut(&mut staging)
+                    .copy_from_slice(bytes.try_as_slice()?);
+                (staging.as_ptr(), KeepAlive::Pinned(staging))
+            };
+            for block in &blocks {
+                // SAFETY: `host` is pinned and kept alive by `hold` until the copy completed;
+                // the strided span fits `target` (validated).
+                unsafe { copy_block(block, host, target.ptr, true, raw.0) }?;
+            }
+            keep.push(hold);
+        }
+        self.mark(stream, &[&binding], keep)
+    }
+
+    fn read_inner(
+        &mut self,
+        descriptors: Vec<CopyDescriptor>,
+        stream: StreamId,
+    ) -> Result<DynFut<Result<Vec<Bytes>, ServerError>>, ServerError> {
+        self.ensure_not_capturing(stream, "read")?;
+        let mut sources = Vec::with_capacity(descriptors.len());
+        for descriptor in &descriptors {
+            descriptor.validate()?;
+            sources.push(self.resolve(&descriptor.binding)?);
+        }
+        let bindings: Vec<Binding> = descriptors.iter().map(|d| d.binding.clone()).collect();
+        let refs: Vec<&Binding> = bindings.iter().collect();
+        self.order_after(stream, &refs)?;
+        let raw = self.stream(stream)?.raw;
+        let mut outputs = Vec::with_capacity(descriptors.len());
+        for (descriptor, source) in descriptors.iter().zip(&sources) {
+            let len = descriptor.compact_size();
+            if len == 0 {
+                outputs.push(None);
+                continue;
+            }
+            let buffer = self.pinned.take(len)?;
+            for block in row_blocks(&descriptor.shape, &descriptor.strides, descriptor.elem_size) {
+                // SAFETY: `buffer` is pinned, holds the compact tensor and lives in the future
+                // until the copy completed; the strided span fits the source (validated).
+                unsafe { copy_block(&block, buffer.as_ptr(), source.ptr, false, raw.0) }?;
+            }
+            outputs.push(Some(buffer));
+        }
+        self.mark(stream, &refs, Vec::new())?;
+        let event = self.record_fresh(stream)?;
+        let done = self.event_future(event);
+        Ok(Box::pin(async move {
+            done.await?;
+            let _alive = bindings;
+            Ok(outputs
+                .into_iter()
+                .map(|b| match b {
+                    Some(buffer) => Bytes::from_host_buffer(Box::new(buffer)),
+                    None => Bytes::from_vec(Vec::new()),
+                })
+                .collect())
+        }))
+    }
+
+    /// The three `u32` of a dynamic cube count, read after the work queued so far.
+    fn dynamic_count(
+        &mut self,
+        binding: &Binding,
+        stream: StreamId,
+    ) -> Result<[u32; 3], ServerError> {
+        self.ensure_not_capturing(stream, "a launch with a dynamic cube count")?;
+        let source = self.resolve(binding)?;
+        if source.len < 12 {
+            return Err(ServerError::InvalidArgument(format!(
+                "a dynamic cube count needs 12 bytes (3 x u32), its buffer has {}",
+                source.len
+            )));
+        }
+        self.order_after(stream, &[binding])?;
+        let raw = self.stream(stream)?.raw;
+        let mut count = [0u32; 3];
+        // SAFETY: 12 bytes into a local array; synchronous with respect to the stream's work.
+        unsafe { result::memcpy_dtoh_async(&mut count[..], source.ptr, raw.0) }
+            .check("reading a dynamic cube count")?;
+        // SAFETY: the stream is alive.
+        unsafe { result::stream::synchronize(raw.0) }.check("cuStreamSynchronize")?;
+        Ok(count)
+    }
+
+    fn check_group(&self, devices: &[DeviceId]) -> Result<Vec<DeviceId>, ServerError> {
+        let mut group = devices.to_vec();
+        group.sort();
+        group.dedup();
+        if !group.contains(&self.owner.device) {
+            return Err(ServerError::InvalidArgument(format!(
+                "collective group {group:?} does not contain this device {}",
+                self.owner.device
+            )));
+        }
+        let count = crate::driver::device_count();
+        if let Some(bad) = group
+            .iter()
+            .find(|d| d.type_id != self.owner.device.type_id || d.index_id >= count)
+        {
+            return Err(ServerError::InvalidArgument(format!(
+                "collective group names device {bad}, which does not exist ({count} CUDA devices)"
+            )));
+        }
+        Ok(group)
+    }
+}
+
+/// Bytes of one launch parameter slot (the biggest parameter is a `Meta`).
+const SLOT_WORDS: usize = META_BYTES.div_ceil(8);
+
+fn scalar_bits(value: &ScalarValue) -> u64 {
+    match *value {
+        ScalarValue::Bool(b) => u64::from(b),
+        ScalarValue::I8(v) => u64::from(v as u8),
+        ScalarValue::I16(v) => u64::from(v as u16),
+        ScalarValue::I32(v) => u64::from(v as u32),
+        ScalarValue::I64(v) => v as u64,
+        ScalarValue::U8(v) => u64::from(v),
+        ScalarValue::U16(v) => u64::from(v),
+        ScalarValue::U32(v) => u64::from(v),
+        ScalarValue::U64(v) => v,
+        ScalarValue::F16(v) => u64::from(v.to_bits()),
+        ScalarValue::BF16(v) => u64::from(v.to_bits()),
+        ScalarValue::F32(v) => u64::from(v.to_bits()),
+        ScalarValue::F64(v) => v.to_bits(),
+    }
+}
+
+fn meta_slot(shape: &[usize], strides: &[usize]) -> Result<[u64; SLOT_WORDS], ServerError> {
+    if shape.len() > MAX_RANK || strides.len() != shape.len() {
+        return Err(ServerError::InvalidArgument(format!(
+            "tensor metadata of rank {} (at most {MAX_RANK}, with as many strides as dimensions)",
+            shape.len()
+        )));
+    }
+    let mut words = [0u32; 1 + 2 * MAX_RANK];
+    words[0] = shape.len() as u32;
+    for (i, (&n, &s)) in shape.iter().zip(strides).enumerate() {
+        words[1 + i] = n.min(u32::MAX as usize) as u32;
+        words[1 + MAX_RANK + i] = s.min(u32::MAX as usize) as u32;
+    }
+    let mut slot = [0u64; SLOT_WORDS];
+    bytemuck::cast_slice_mut::<u64, u8>(&mut slot)[..META_BYTES]
+        .copy_from_slice(bytemuck::cast_slice(&words));
+    Ok(slot)
+}
+
+impl ComputeServer for CudaServer {
+    type Kernel = CudaKernel;
+    type Storage = CudaStorage;
+    type Info = CudaInfo;
+
+    fn info(&self) -> CudaInfo {
+        CudaInfo {
+            device: self.device,
+            compute_capability: (self.target.major as u32, self.target.minor as u32),
+            driver_version: self.target.driver,
+        }
+    }
+
+    fn properties(&self) -> DeviceProperties {
+        self.properties.clone()
+    }
+
+    fn owner(&self) -> HandleOwner {
+        self.owner
+    }
+
+    fn create(
+        &mut self,
+        descriptors: &[MemoryLayoutDescriptor],
+        stream: StreamId,
+    ) -> Result<Vec<MemoryLayout>, ServerError> {
+        let mut offsets = Vec::with_capacity(descriptors.len());
+        let mut layouts = Vec::with_capacity(descriptors.len());
+        let mut total = 0u64;
+        for descriptor in descriptors {
+            if descriptor.elem_size == 0 {
+                return Err(ServerError::InvalidArgument(
+                    "tensor with an element size of 0".into(),
+                ));
+            }
+            let strides = self.strides_for(descriptor);
+            let size = allocation_size(&descriptor.shape, &strides, descriptor.elem_size) as u64;
+            total = total.next_multiple_of(CUDA_ALIGNMENT);
+            offsets.push((total, size));
+            total += size;
+            layouts.push(strides);
+        }
+        let owner = self.owner;
+        let state = self.stream(stream)?;
+        let slice = if state.capture.is_some() {
+            state.memory.reserve_no_alloc(total).ok_or_else(|| {
+                ServerError::Capture(format!(
+                    "allocating {total} bytes would need a fresh allocation; warm up after graph_prepare so the persistent pool holds it"
+                ))
+            })?
+        } else {
+            state.memory.reserve(total)?
+        };
+        let base = Handle::new(slice, total, owner, stream);
+        Ok(descriptors
+            .iter()
+            .zip(offsets)
+            .zip(layouts)
+            .map(|((descriptor, (offset, size)), strides)| MemoryLayout {
+                memory: base
+                    .clone()
+                    .offset_start(offset)
+                    .offset_end(total - offset - size),
+                shape: descriptor.shape.clone(),
+                strides,
+                elem_size: descriptor.elem_size,
+            })
+            .collect())
+    }
+
+    fn write(
+        &mut self,
+        writes: Vec<(CopyDescriptor, Bytes)>,
+        stream: StreamId,
+    ) -> Result<(), ServerError> {
+        self.ensure_not_capturing(stream, "write")?;
+        for (descriptor, bytes) in writes {
+            self.write_one(stream, descriptor, bytes)?;
+        }
+        Ok(())
+    }
+
+    fn read(
+        &mut self,
+        descriptors: Vec<CopyDescriptor>,
+        stream: StreamId,
+    ) -> DynFut<Result<Vec<Bytes>, ServerError>> {
+        match self.read_inner(descriptors, stream) {
+            Ok(future) => future,
+            Err(e) => ready(Err(e)),
+        }
+    }
+
+    fn get_resource(
+        &mut self,
+        binding: Binding,
+        stream: StreamId,
+    ) -> Result<CudaResource, ServerError> {
+        let resource = self.resolve(&binding)?;
+        self.ensure_not_capturing(stream, "get_resource")?;
+        if let Some(point) = binding.handle().access().last()
+            && let Some(other) = self.streams.get_mut(&point.stream)
+        {
+            other.wait_idle(&mut self.events)?;
+        }
+        self.stream(stream)?;
+        if let Some(state) = self.streams.get_mut(&stream) {
+            state.wait_idle(&mut self.events)?;
+        }
+        Ok(resource)
+    }
+
+    unsafe fn launch(
+        &mut self,
+        kernel: CudaKernel,
+        count: CubeCount,
+        arguments: KernelArguments,
+        mode: ExecutionMode,
+        stream: StreamId,
+    ) -> Result<(), ServerError> {
+        let definition = &kernel.definition;
+        let infos: Vec<BufferLaunchInfo> = arguments
+            .buffers
+            .iter()
+            .map(|b| BufferLaunchInfo {
+                len_bytes: b.binding.size(),
+                rank: b.shape.rank(),
+            })
+            .collect();
+        definition.check_launch(&infos, &arguments.scalars)?;
+        let shared = definition.shared_memory_bytes() as u64;
+        let limit = self.properties.hardware.max_shared_memory_bytes;
+        if shared > limit {
+            return Err(ServerError::InvalidArgument(format!(
+                "kernel `{}` uses {shared} bytes of shared memory, the device allows {limit}",
+                definition.name()
+            )));
+        }
+        let compiled = self.compiled(&kernel, mode == ExecutionMode::Checked)?;
+        let grid = match &count {
+            CubeCount::Static(x, y, z) => [*x, *y, *z],
+            CubeCount::Dynamic(binding) => self.dynamic_count(binding, stream)?,
+        };
+        if grid.contains(&0) {
+            return Ok(());
+        }
+        let max = self.properties.hardware.max_cube_count;
+        if grid.iter().zip(max).any(|(&g, m)| g > m) {
+            return Err(ServerError::InvalidArgument(format!(
+                "cube count {grid:?} exceeds the device's limits {max:?}"
+            )));
+        }
+        let layout = &compiled.layout;
+        let mut slots: Vec<[u64; SLOT_WORDS]> =
+            Vec::with_capacity(2 * layout.buffers + layout.meta.len() + layout.scalars.len());
+        for (arg, decl) in arguments.buffers.iter().zip(definition.buffers()) {
+            let resource = self.resolve(&arg.binding)?;
+            let item = decl.item().size() as u64;
+            let align = item.min(16);
+            if resource.ptr % align != 0 {
+                return Err(ServerError::InvalidArgument(format!(
+                    "buffer `{}` of kernel `{}` starts at an offset not aligned to {align} bytes",
+                    decl.name,
+                    definition.name()
+                )));
+            }
+            let mut ptr = [0u64; SLOT_WORDS];
+            ptr[0] = resource.ptr;
+            let mut len = [0u64; SLOT_WORDS];
+            len[0] = resource.len / item;
+            slots.push(ptr);
+            slots.push(len);
+        }
+        for &b in &layout.meta {
+            let arg = &arguments.buffers[b];
+            slots.push(meta_slot(&arg.shape, &arg.strides)?);
+        }
+        for value in &arguments.scalars {
+            let mut slot = [0u64; SLOT_WORDS];
+            slot[0] = scalar_bits(value);
+            slots.push(slot);
+        }
+        let mut params: Vec<*mut core::ffi::c_void> =
+            slots.iter_mut().map(|s| s.as_mut_ptr().cast()).collect();
+        let mut bindings: Vec<&Binding> = arguments.buffers.iter().map(|b| &b.binding).collect();
+        if let CubeCount::Dynamic(b) = &count {
+            bindings.push(b);
+        }
+        self.order_after(stream, &bindings)?;
+        let raw = self.stream(stream)?.raw;
+        let [bx, by, bz] = compiled.cube_dim;
+        // SAFETY: the parameters match the generated signature (`ParamLayout`), every pointer is
+        // a live device range kept alive by stream order or `mark`; for unchecked launches the
+        // caller promised in-bounds accesses.
+        unsafe {
+            sys::cuLaunchKernel(
+                compiled.function.0,
+                grid[0],
+                grid[1],
+                grid[2],
+                bx,
+                by,
+                bz,
+                layout.shared_bytes as u32,
+                raw.0,
+                params.as_mut_ptr(),
+                core::ptr::null_mut(),
+            )
+        }
+        .result()
+        .check("cuLaunchKernel")?;
+        self.mark(stream, &bindings, Vec::new())
+    }
+
+    fn flush(&mut self, stream: StreamId) -> Result<(), ServerError> {
+        let state = self.stream(stream)?;
+        if state.capture.is_some() {
+            return Ok(());
+        }
+        // SAFETY: the stream is alive; only reports its status.
+        match unsafe { sys::cuStreamQuery(state.raw.0) } {
+            sys::CUresult::CUDA_SUCCESS | sys::CUresult::CUDA_ERROR_NOT_READY => Ok(()),
+            other => Err(crate::driver::driver_error(
+                "stream",
+                cudarc::driver::DriverError(other),
+            )),
+        }
+    }
+
+    fn sync(&mut self, stream: StreamId) -> DynFut<Result<(), ServerError>> {
+        if let Err(e) = self.ensure_not_capturing(stream, "sync") {
+            return ready(Err(e));
+        }
+        match self.record_fresh(stream) {
+            Ok(event) => Box::pin(self.event_future(event)),
+            Err(e) => ready(Err(e)),
+        }
+    }
+
+    fn stream_ids(&self) -> Vec<StreamId> {
+        self.streams.keys().copied().collect()
+    }
+
+    fn memory_usage(&mut self, stream: StreamId) -> Result<MemoryUsage, ServerError> {
+        Ok(self.stream(stream)?.memory.memory_usage())
+    }
+
+    fn memory_cleanup(&mut self, stream: StreamId) {
+        if self.context.bind().is_err() {
+            return;
+        }
+        let events = &mut self.events;
+        if let Some(state) = self.streams.get_mut(&stream)
+            && state.capture.is_none()
+        {
+            let _ = state.wait_idle(events);
+            state.memory.cleanup(true);
+        }
+    }
+
+    fn allocation_mode(&mut self, mode: MemoryAllocationMode, stream: StreamId) {
+        if let Ok(state) = self.stream(stream) {
+            state.memory.mode(mode);
+        }
+    }
+
+    fn configure_memory_pools(
+        &mut self,
+        config: &MemoryPoolsConfig,
+        stream: StreamId,
+    ) -> Result<bool, PoolConfigError> {
+        config.resolve(&self.properties.memory)?;
+        self.pool_config = config.clone();
+        match self.stream(stream) {
+            Ok(state) => state.memory.reconfigure(config),
+            Err(_) => Ok(false),
+        }
+    }
+
+    fn staging(&mut self, bytes: &mut [&mut Bytes], file_only: bool) -> Result<(), ServerError> {
+        for b in bytes.iter_mut() {
+            if file_only {
+                if b.kind() == BytesKind::File {
+                    b.materialize()?;
+                }
+                continue;
+            }
+            if b.kind() == BytesKind::Pinned {
+                continue;
+            }
+            let pool = self.pinned.clone();
+            let mut failure = None;
+            let moved = b.move_into(|len| match pool.take(len) {
+                Ok(buffer) => Some(Box::new(buffer) as Box<dyn compute_core::HostBuffer>),
+                Err(e) => {
+                    failure = Some(e);
+                    None
+                }
+            })?;
+            if !moved {
+                // No pinned memory left: the bytes stay pageable, read now.
+                b.materialize()?;
+                drop(failure);
+            }
+        }
+        Ok(())
+    }
+
+    fn graph_prepare(&mut self, stream: StreamId) -> Result<(), ServerError> {
+        self.ensure_not_capturing(stream, "graph_prepare")?;
+        self.stream(stream)?
+            .memory
+            .mode(MemoryAllocationMode::Persistent);
+        Ok(())
+    }
+
+    fn begin_capture(&mut self, stream: StreamId) -> Result<(), ServerError> {
+        self.ensure_not_capturing(stream, "start_capture")?;
+        let state = self.stream(stream)?;
+        // SAFETY: the stream is alive and not capturing.
+        unsafe {
+            result::stream::begin_capture(
+                state.raw.0,
+                sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED,
+            )
+        }
+        .check("cuStreamBeginCapture")?;
+        state.capture = Some(Vec::new());
+        Ok(())
+    }
+
+    fn end_capture(&mut self, stream: StreamId) -> Result<GraphId, ServerError> {
+        let state = self.stream(stream)?;
+        let holds = state.capture.take().ok_or_else(|| {
+            ServerError::InvalidArgument(format!("stop_capture on {stream} without start_capture"))
+        })?;
+        state.memory.mode(MemoryAllocationMode::Auto);
+        // SAFETY: the stream is capturing (begun in `begin_capture`).
+        let graph = unsafe { result::stream::end_capture(state.raw.0) }.map_err(|e| {
+            ServerError::Capture(format!(
+                "cuStreamEndCapture: {}",
+                crate::driver::describe(e)
+            ))
+        })?;
+        // SAFETY: `graph` was just captured.
+        let exec = unsafe { result::graph::instantiate(graph, sys::CUgraphInstantiate_flags(0)) };
+        // SAFETY: the executable graph does not need the template.
+        let _ = unsafe { result::graph::destroy(graph) };
+        let exec = exec.map_err(|e| {
+            ServerError::Capture(format!(
+                "cuGraphInstantiate: {}",
+                crate::driver::describe(e)
+            ))
+        })?;
+        let id = GraphId::fresh();
+        self.graphs.insert(
+            id,
+            CudaGraph {
+                exec: GraphExec(Raw(exec)),
+                stream,
+                holds,
+            },
+        );
+        Ok(id)
+    }
+
+    fn graph_replay(&mut self, graph: GraphId, stream: StreamId) -> Result<(), ServerError> {
+        self.ensure_not_capturing(stream, "graph replay")?;
+        let (exec, holds) = match self.graphs.get(&graph) {
+            Some(g) if g.stream == stream => (g.exec.0, g.holds.clone()),
+            Some(g) => {
+                return Err(ServerError::InvalidArgument(format!(
+                    "graph {graph:?} was captured on {} and replays there, not on {stream}",
+                    g.stream
+                )));
+            }
+            None => {
+                return Err(ServerError::InvalidArgument(format!(
+                    "graph {graph:?} is not held by this server"
+                )));
+            }
+        };
+        let refs: Vec<&Binding> = holds.iter().collect();
+        self.order_after(stream, &refs)?;
+        let raw = self.stream(stream)?.raw;
+        // SAFETY: the executable graph and the stream are alive.
+        unsafe { result::graph::launch(exec.0, raw.0) }.check("cuGraphLaunch")?;
+        self.mark(stream, &refs, Vec::new())
+    }
+
+    fn graph_release(&mut self, graph: GraphId) {
+        let Some(g) = self.graphs.remove(&graph) else {
+            return;
+        };
+        let events = &mut self.events;
+        if self.context.bind().is_err() {
+            return;
+        }
+        match self.streams.get_mut(&g.stream) {
+            Some(state) if state.capture.is_none() => {
+                let mut keep = vec![KeepAlive::Graph(g.exec)];
+                keep.extend(g.holds.into_iter().map(KeepAlive::Binding));
+                if state.hold(events, keep).is_err() {
+                    let _ = state.wait_idle(events);
+                }
+            }
+            Some(state) => {
+                // Capturing again: the graph cannot be ordered now, so wait for it.
+                // SAFETY: the stream is alive.
+                let _ = unsafe { result::stream::synchronize(state.raw.0) };
+            }
+            None => {}
+        }
+    }
+
+    fn profile_start(&mut self, stream: StreamId) -> Result<ProfileToken, ProfileError> {
+        self.ensure_not_capturing(stream, "profile")?;
+        let raw = self.stream(stream)?.raw;
+        let event =
+            Raw(result::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT)
+                .check("cuEventCreate")?);
+        // SAFETY: event and stream are alive.
+        unsafe { result::event::record(event.0, raw.0) }.check("cuEventRecord")?;
+        let id = self.next_profile;
+        self.next_profile += 1;
+        self.profiles.insert(id, event);
+        Ok(ProfileToken { id })
+    }
+
+    fn profile_end(
+        &mut self,
+        token: ProfileToken,
+        stream: StreamId,
+    ) -> DynFut<Result<ProfileDuration, ProfileError>> {
+        let Some(start) = self.profiles.remove(&token.id) else {
+            return ready(Err(ProfileError::Unavailable(format!(
+                "profile token {} was not started on this server",
+                token.id
+            ))));
+        };
+        let end = (|| {
+            let raw = self.stream(stream)?.raw;
+            let end = Raw(result::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT)
+                .check("cuEventCreate")?);
+            // SAFETY: event and stream are alive.
+            unsafe { result::event::record(end.0, raw.0) }.check("cuEventRecord")?;
+            Ok::<_, ServerError>(end)
+        })();
+        let context = self.context.clone();
+        Box::pin(async move {
+            let (start, end) = (start, end);
+            let outcome = end.and_then(|end| {
+                context.bind()?;
+                // SAFETY: both events were recorded and are owned by this future.
+                let waited = unsafe { result::event::synchronize(end.0) }.check("profile end");
+                let elapsed = waited.and_then(|()| {
+                    // SAFETY: both events were recorded and have completed.
+                    unsafe { result::event::elapsed(start.0, end.0) }.check("cuEventElapsedTime")
+                });
+                // SAFETY: owned here, destroyed once.
+                let _ = unsafe { result::event::destroy(end.0) };
+                elapsed
+            });
+            // SAFETY: owned here, destroyed once.
+            let _ = unsafe { result::event::destroy(start.0) };
+            let ms = outcome?;
+            Ok(ProfileDuration {
+                duration: core::time::Duration::from_secs_f64(f64::from(ms.max(0.0)) / 1e3),
+                timing: TimingMethod::Device,
+            })
+        })
+    }
+
+    fn ensure_init_collective(
+        &mut self,
+        devices: &[DeviceId],
+        stream: StreamId,
+    ) -> Result<(), ServerError> {
+        let group = self.check_group(devices)?;
+        self.stream(stream)?;
+        crate::collective::communicator(&group, self.owner.device)?;
+        if !self.collective_groups.contains(&group) {
+            self.collective_groups.push(group);
+        }
+        Ok(())
+    }
+
+    fn all_reduce(
+        &mut self,
+        src: Binding,
+        dst: Binding,
+        dtype: ElemType,
+        devices: Vec<DeviceId>,
+        op: ReduceOperation,
+        stream: StreamId,
+    ) -> Result<(), ServerError> {
+        let group = self.check_group(&devices)?;
+        if !self.collective_groups.contains(&group) || !crate::collective::initialised(&group) {
+            return Err(ServerError::InvalidArgument(format!(
+                "all_reduce over {group:?} before ensure_init_collective for that group"
+            )));
+        }
+        if src.size() != dst.size() || !src.size().is_multiple_of(dtype.size() as u64) {
+            return Err(ServerError::InvalidArgument(format!(
+                "all_reduce from {} to {} bytes of {dtype}",
+                src.size(),
+                dst.size()
+            )));
+        }
+        crate::collective::data_type(dtype)?;
+        let comm = crate::collective::communicator(&group, self.owner.device)?;
+        let source = self.resolve(&src)?;
+        let target = self.resolve(&dst)?;
+        // The communication stream runs after the work of `stream` issued so far.
+        self.stream(stream)?;
+        let comm_stream = self.comm_stream;
+        let user_seq = self.streams.get(&stream).map_or(0, |s| s.seq);
+        if let Some(event) = self.marker(stream, user_seq)? {
+            let raw = self.stream(comm_stream)?.raw;
+            // SAFETY: both alive.
+            unsafe {
+                result::stream::wait_event(
+                    raw.0,
+                    event.0,
+                    sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
+                )
+            }
+            .check("cuStreamWaitEvent")?;
+        }
+        self.order_after(comm_stream, &[&src, &dst])?;
+        let raw = self.stream(comm_stream)?.raw;
+        let count = (src.size() / dtype.size() as u64) as usize;
+        if count > 0 {
+            crate::collective::all_reduce(comm, source.ptr, target.ptr, count, dtype, op, raw)?;
+        }
+        self.mark(comm_stream, &[&src, &dst], Vec::new())
+    }
+
+    fn sync_collective(&mut self, _stream: StreamId) -> DynFut<Result<(), ServerError>> {
+        let comm = self.comm_stream;
+        self.sync(comm)
+    }
+}
+
+impl Drop for CudaServer {
+    fn drop(&mut self) {
+        if self.context.bind().is_err() {
+            return;
+        }
+        for state in self.streams.values_mut() {
+            let _ = state.wait_idle(&mut self.events);
+        }
+        self.graphs.clear();
+        for (_, event) in self.profiles.drain() {
+            // SAFETY: owned by the server; the streams are idle.
+            let _ = unsafe { result::event::destroy(event.0) };
+        }
+        self.streams.clear();
+        self.kernels.clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn contiguous_tensors_are_one_linear_copy() {
+        let blocks = row_blocks(&[3, 5], &[5, 1], 4);
+        assert_eq!(blocks.len(), 1);
+        assert_eq!((blocks[0].height, blocks[0].width), (1, 60));
+        assert!(row_blocks(&[0, 5], &[5, 1], 4).is_empty());
+    }
+
+    #[test]
+    fn pitched_tensors_are_one_2d_copy() {
+        let strides = pitched_strides(&[2, 3, 5], 4, 128);
+        let blocks = row_blocks(&[2, 3, 5], &strides, 4);
+        assert_eq!(blocks.len(), 1);
+        let b = &blocks[0];
+        assert_eq!((b.height, b.pitch, b.width), (6, 128, 20));
+    }
+
+    #[test]
+    fn irregular_strides_copy_plane_by_plane() {
+        // Planes 100 elements apart, rows 8 apart: not uniform, one 2-D copy per plane.
+        let blocks = row_blocks(&[2, 3, 5], &[100, 8, 1], 2);
+        assert_eq!(blocks.len(), 2);
+        assert_eq!((blocks[1].strided, blocks[1].compact), (200, 30));
+        assert_eq!(
+            (blocks[1].height, blocks[1].pitch, blocks[1].width),
+            (3, 16, 10)
+        );
+    }
+
+    #[test]
+    fn launch_parameters_are_little_endian_words() {
+        assert_eq!(scalar_bits(&ScalarValue::I8(-1)), 0xff);
+        assert_eq!(scalar_bits(&ScalarValue::F32(1.0)), 0x3f80_0000);
+        let slot = meta_slot(&[3, 4], &[4, 1]).unwrap();
+        let words: &[u32] = bytemuck::cast_slice(&slot);
+        assert_eq!(&words[..3], &[2, 3, 4]);
+        assert_eq!(words[1 + MAX_RANK], 4);
+        assert!(meta_slot(&[1; 9], &[1; 9]).is_err());
+    }
+}

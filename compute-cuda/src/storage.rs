@@ -1,0 +1,97 @@
+//! Device storage: blocks straight from `cuMemAlloc`, carved by compute-core's pools.
+
+use compute_core::ServerError;
+use compute_core::storage::{ComputeStorage, StorageHandle, StorageId, StorageUtilization};
+use cudarc::driver::{result, sys};
+use hashbrown::HashMap;
+
+/// Alignment of slice offsets inside a block: more than any vector load needs, and what
+/// `cuMemAlloc` itself guarantees.
+pub const CUDA_ALIGNMENT: u64 = 256;
+
+/// A byte range of device memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CudaResource {
+    /// Device address of the first byte.
+    pub ptr: u64,
+    /// Length in bytes.
+    pub len: u64,
+}
+
+/// Device storage of one stream's memory manager: each block is one `cuMemAlloc`.
+#[derive(Debug, Default)]
+pub struct CudaStorage {
+    blocks: HashMap<StorageId, (u64, u64)>,
+}
+
+impl CudaStorage {
+    /// An empty storage. The device's context must be current when blocks are allocated.
+    pub fn new() -> Self {
+        Self::default()
+    }
+}
+
+impl ComputeStorage for CudaStorage {
+    type Resource = CudaResource;
+
+    fn alignment(&self) -> u64 {
+        CUDA_ALIGNMENT
+    }
+
+    fn get(&mut self, handle: &StorageHandle) -> Option<CudaResource> {
+        let &(base, size) = self.blocks.get(&handle.id)?;
+        let end = handle
+            .utilization
+            .offset
+            .checked_add(handle.utilization.size)?;
+        if end > size {
+            return None;
+        }
+        Some(CudaResource {
+            ptr: base + handle.utilization.offset,
+            len: handle.utilization.size,
+        })
+    }
+
+    fn alloc(&mut self, size: u64) -> Result<StorageHandle, ServerError> {
+        let bytes = usize::try_from(size.max(1)).map_err(|_| ServerError::OutOfMemory {
+            requested: size,
+            reason: "exceeds the address space".into(),
+        })?;
+        // SAFETY: the server made the device's context current before calling into the pools.
+        let ptr = unsafe { result::malloc_sync(bytes) }.map_err(|e| ServerError::OutOfMemory {
+            requested: size,
+            reason: format!(
+                "cuMemAlloc refused the block: {}",
+                crate::driver::describe(e)
+            ),
+        })?;
+        let id = StorageId::new();
+        self.blocks.insert(id, (ptr, size));
+        Ok(StorageHandle {
+            id,
+            utilization: StorageUtilization { offset: 0, size },
+        })
+    }
+
+    fn dealloc(&mut self, id: StorageId) {
+        if let Some((ptr, _)) = self.blocks.remove(&id) {
+            // SAFETY: allocated by `alloc`; cuMemFree waits for work still using it, and the pools
+            // only release blocks no live handle refers to.
+            let _ = unsafe { sys::cuMemFree_v2(ptr) };
+        }
+    }
+
+    fn block_count(&self) -> usize {
+        self.blocks.len()
+    }
+}
+
+impl Drop for CudaStorage {
+    fn drop(&mut self) {
+        let ids: Vec<StorageId> = self.blocks.keys().copied().collect();
+        for id in ids {
+            self.dealloc(id);
+        }
+    }
+}

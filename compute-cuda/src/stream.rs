@@ -1,0 +1,157 @@
+//! Per-stream state: the CUDA stream, its memory, its order counter, and what in-flight work keeps
+//! alive until an event says the device is done with it.
+
+use std::collections::VecDeque;
+
+use compute_core::memory::MemoryManagement;
+use compute_core::{Binding, Bytes, ServerError};
+use cudarc::driver::{result, sys};
+
+use crate::driver::{Check, Raw};
+use crate::pinned::PinnedBuffer;
+use crate::storage::CudaStorage;
+
+/// Something the device may still read or write: dropped once the event after its use completed.
+/// The payloads are never read; they are held for their `Drop`.
+#[allow(dead_code)]
+pub(crate) enum KeepAlive {
+    /// Memory of another stream's pool used on this stream.
+    Binding(Binding),
+    /// Pinned bytes a copy reads from.
+    Bytes(Bytes),
+    /// A staging buffer a copy reads from.
+    Pinned(PinnedBuffer),
+    /// A released graph whose last replays may still run.
+    Graph(GraphExec),
+}
+
+/// An instantiated CUDA graph, destroyed on drop.
+pub(crate) struct GraphExec(pub(crate) Raw<sys::CUgraphExec>);
+
+impl Drop for GraphExec {
+    fn drop(&mut self) {
+        // SAFETY: instantiated by the server; dropped only after its replays completed.
+        let _ = unsafe { result::graph::exec_destroy(self.0.0) };
+    }
+}
+
+/// Reusable events without timing (cheap to record and wait on).
+#[derive(Default)]
+pub(crate) struct EventPool {
+    free: Vec<Raw<sys::CUevent>>,
+}
+
+impl EventPool {
+    pub(crate) fn take(&mut self) -> Result<Raw<sys::CUevent>, ServerError> {
+        match self.free.pop() {
+            Some(e) => Ok(e),
+            None => result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
+                .map(Raw)
+                .check("cuEventCreate"),
+        }
+    }
+
+    pub(crate) fn give(&mut self, event: Raw<sys::CUevent>) {
+        self.free.push(event);
+    }
+}
+
+impl Drop for EventPool {
+    fn drop(&mut self) {
+        for e in self.free.drain(..) {
+            // SAFETY: pooled events are referenced by nothing else.
+            let _ = unsafe { result::event::destroy(e.0) };
+        }
+    }
+}
+
+/// One stream of the server.
+pub(crate) struct StreamState {
+    pub(crate) raw: Raw<sys::CUstream>,
+    pub(crate) memory: MemoryManagement<CudaStorage>,
+    /// Commands submitted so far (the `seq` of access logs).
+    pub(crate) seq: u64,
+    /// The latest event recorded for other streams to wait on, and the `seq` it covers.
+    pub(crate) marker: Option<(u64, Raw<sys::CUevent>)>,
+    /// Work in flight and what it keeps alive, oldest first.
+    pub(crate) pending: VecDeque<(Raw<sys::CUevent>, Vec<KeepAlive>)>,
+    /// While capturing: what the graph being recorded uses.
+    pub(crate) capture: Option<Vec<Binding>>,
+}
+
+impl StreamState {
+    pub(crate) fn new(memory: MemoryManagement<CudaStorage>) -> Result<Self, ServerError> {
+        let raw = result::stream::create(result::stream::StreamKind::NonBlocking)
+            .check("cuStreamCreate")?;
+        Ok(Self {
+            raw: Raw(raw),
+            memory,
+            seq: 0,
+            marker: None,
+            pending: VecDeque::new(),
+            capture: None,
+        })
+    }
+
+    /// Drop what completed work kept alive.
+    pub(crate) fn retire(&mut self, events: &mut EventPool) {
+        while let Some((event, _)) = self.pending.front() {
+            // SAFETY: the event was recorded on this stream and is still owned by the queue.
+            match unsafe { result::event::query(event.0) } {
+                Ok(()) => {
+                    if let Some((event, keep)) = self.pending.pop_front() {
+                        drop(keep);
+                        events.give(event);
+                    }
+                }
+                Err(_) => break,
+            }
+        }
+    }
+
+    /// Record an event after the work submitted so far, keeping `keep` alive until it completes.
+    pub(crate) fn hold(
+        &mut self,
+        events: &mut EventPool,
+        keep: Vec<KeepAlive>,
+    ) -> Result<(), ServerError> {
+        if keep.is_empty() {
+            return Ok(());
+        }
+        let event = events.take()?;
+        // SAFETY: the event and the stream are alive.
+        unsafe { result::event::record(event.0, self.raw.0) }.check("cuEventRecord")?;
+        self.pending.push_back((event, keep));
+        Ok(())
+    }
+
+    /// Block until the stream is idle, then drop everything it kept alive.
+    pub(crate) fn wait_idle(&mut self, events: &mut EventPool) -> Result<(), ServerError> {
+        // SAFETY: the stream is alive.
+        let outcome =
+            unsafe { result::stream::synchronize(self.raw.0) }.check("cuStreamSynchronize");
+        for (event, keep) in self.pending.drain(..) {
+            drop(keep);
+            events.give(event);
+        }
+        outcome
+    }
+}
+
+impl Drop for StreamState {
+    fn drop(&mut self) {
+        // SAFETY: the stream is alive; nothing is enqueued on it after this.
+        let _ = unsafe { result::stream::synchronize(self.raw.0) };
+        for (event, keep) in self.pending.drain(..) {
+            drop(keep);
+            // SAFETY: completed (the stream is idle) and owned by the queue.
+            let _ = unsafe { result::event::destroy(event.0) };
+        }
+        if let Some((_, event)) = self.marker.take() {
+            // SAFETY: as above.
+            let _ = unsafe { result::event::destroy(event.0) };
+        }
+        // SAFETY: idle, and destroyed once.
+        let _ = unsafe { result::stream::destroy(self.raw.0) };
+    }
+}

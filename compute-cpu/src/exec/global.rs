@@ -1,9 +1,12 @@
 //! Global buffers: the raw-pointer edge of the executor.
 //!
 //! Cubes run on several threads and a kernel may race on an element (GPU memory models allow
-//! it), so every access to global memory is a relaxed atomic load or store of one component:
-//! racing kernels read torn vectors, never undefined behaviour. Relaxed atomics compile to plain
-//! moves on x86-64 and AArch64.
+//! it), so no access to global memory is a plain Rust load or store: scattered accesses are
+//! relaxed atomic loads or stores of one component, and contiguous runs (every unit of a cube
+//! on consecutive entries, the common case) are one bulk copy in inline assembly (`rep movsb` on
+//! x86-64), whose memory accesses are opaque to the compiler and so not subject to Rust's
+//! data-race rules. Racing kernels read torn vectors, never undefined behaviour. Elsewhere the
+//! runs fall back to per-component relaxed atomics, which compile to plain moves on AArch64.
 
 use core::sync::atomic::{AtomicU8, AtomicU16, AtomicU32, AtomicU64, Ordering};
 
@@ -24,17 +27,17 @@ pub(crate) struct GlobalMem {
     elem_size: usize,
 }
 
-// SAFETY: the memory is only touched through atomic operations (see the module docs), and
-// `GlobalMem::new`'s contract keeps it valid for the whole launch.
+// SAFETY: the memory is only touched through atomic operations and opaque bulk copies (see the
+// module docs), and `GlobalMem::new`'s contract keeps it valid for the whole launch.
 unsafe impl Send for GlobalMem {}
-// SAFETY: as for `Send`: shared access is atomic.
+// SAFETY: as for `Send`: shared access is atomic or through opaque bulk copies.
 unsafe impl Sync for GlobalMem {}
 
 impl GlobalMem {
     /// # Safety
     /// `ptr` is valid for reads (and writes, for a read-write buffer) of `len * width * elem_size`
     /// bytes, aligned to `elem_size`, for as long as the value is used, and is only accessed
-    /// atomically or not at all by others in that time.
+    /// atomically, through this module's bulk copies, or not at all by others in that time.
     pub(crate) unsafe fn new(ptr: *mut u8, len: u64, width: usize, elem_size: usize) -> Self {
         Self {
             ptr,
@@ -87,6 +90,65 @@ macro_rules! atomic_word {
 
 atomic_word!(u8 => AtomicU8, u16 => AtomicU16, u32 => AtomicU32, u64 => AtomicU64);
 
+/// Copy `dst.len()` components from global memory at `src` into a register.
+///
+/// # Safety
+/// `src` is valid for reads of `dst.len()` components and aligned for `W`; other threads access
+/// that memory only atomically or through these bulk copies.
+#[inline(always)]
+unsafe fn copy_from_global<W: AtomicWord>(src: *const u8, dst: &mut [W]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let bytes = size_of_val(dst);
+        // SAFETY: `rep movsb` reads `bytes` bytes at `src` (valid by the caller's contract) and
+        // writes them to `dst`, a register we borrow mutably; it clobbers only rcx/rsi/rdi,
+        // declared here, and leaves the direction flag clear as it found it.
+        unsafe {
+            core::arch::asm!(
+                "rep movsb",
+                inout("rcx") bytes => _,
+                inout("rsi") src => _,
+                inout("rdi") dst.as_mut_ptr() => _,
+                options(nostack, preserves_flags),
+            );
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    for (k, o) in dst.iter_mut().enumerate() {
+        // SAFETY: component `k` is in the run the caller vouches for.
+        *o = unsafe { W::load_at(src.wrapping_add(k * size_of::<W>()).cast_mut()) };
+    }
+}
+
+/// Copy a register's components to global memory at `dst`.
+///
+/// # Safety
+/// `dst` is valid for writes of `src.len()` components and aligned for `W`; other threads access
+/// that memory only atomically or through these bulk copies.
+#[inline(always)]
+unsafe fn copy_to_global<W: AtomicWord>(dst: *mut u8, src: &[W]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let bytes = size_of_val(src);
+        // SAFETY: as in `copy_from_global`, reading the borrowed register and writing the
+        // caller's run.
+        unsafe {
+            core::arch::asm!(
+                "rep movsb",
+                inout("rcx") bytes => _,
+                inout("rsi") src.as_ptr() => _,
+                inout("rdi") dst => _,
+                options(nostack, preserves_flags),
+            );
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    for (k, &v) in src.iter().enumerate() {
+        // SAFETY: component `k` is in the run the caller vouches for.
+        unsafe { W::store_at(dst.wrapping_add(k * size_of::<W>()), v) };
+    }
+}
+
 pub(crate) type GlobalLoadFn = fn(&GlobalMem, &[u64], &mut [u64], &[u8], bool);
 pub(crate) type GlobalStoreFn = fn(&GlobalMem, &[u64], &[u64], &[u8], bool);
 
@@ -106,34 +168,6 @@ fn contiguous(mem: &GlobalMem, idx: &[u64], mask: &[u8]) -> Option<u64> {
     (off == 0 && all_active(mask)).then_some(first)
 }
 
-/// Hint the cache to fetch the run of `bytes` bytes after the one at `base`, which the worker's
-/// next cube most likely accesses: scalar atomic accesses alone keep too few cache misses in
-/// flight to saturate memory bandwidth.
-#[inline(always)]
-fn prefetch_next(mem: &GlobalMem, first: u64, lanes: usize) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        let start = first + lanes as u64;
-        let end = (start + lanes as u64).min(mem.len);
-        if start >= end {
-            return;
-        }
-        let from = mem.component(start, 0) as usize;
-        let to = mem.component(end, 0) as usize;
-        for line in (from & !63..to).step_by(64) {
-            // SAFETY: prefetching has no side effects and never faults; `sse` is part of the
-            // x86-64 baseline.
-            unsafe {
-                core::arch::x86_64::_mm_prefetch::<{ core::arch::x86_64::_MM_HINT_T0 }>(
-                    line as *const i8,
-                )
-            };
-        }
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = (mem, first, lanes);
-}
-
 pub(crate) type RunLoadFn = fn(&GlobalMem, u64, &mut [u64], usize);
 pub(crate) type RunStoreFn = fn(&GlobalMem, u64, &[u64], usize);
 
@@ -147,24 +181,19 @@ pub(crate) fn run_in_range(mem: &GlobalMem, first: u64, lanes: usize) -> bool {
 /// Load entries `first..first + lanes` (all in range: see [`run_in_range`]) for every unit.
 pub(crate) fn load_run<W: AtomicWord>(mem: &GlobalMem, first: u64, out: &mut [u64], lanes: usize) {
     assert!(run_in_range(mem, first, lanes));
-    prefetch_next(mem, first, lanes);
     let base = mem.component(first, 0);
-    for (k, o) in view_mut::<W>(out, lanes * mem.width).iter_mut().enumerate() {
-        // SAFETY: entries `first..first + lanes` are in range (asserted); `GlobalMem::new`
-        // guarantees validity and alignment.
-        *o = unsafe { W::load_at(base.wrapping_add(k * size_of::<W>())) };
-    }
+    // SAFETY: entries `first..first + lanes` are in range (asserted); `GlobalMem::new`
+    // guarantees validity, alignment and that others only access the buffer atomically or
+    // through bulk copies.
+    unsafe { copy_from_global(base, view_mut::<W>(out, lanes * mem.width)) };
 }
 
 /// Store entries `first..first + lanes` (all in range) for every unit.
 pub(crate) fn store_run<W: AtomicWord>(mem: &GlobalMem, first: u64, value: &[u64], lanes: usize) {
     assert!(run_in_range(mem, first, lanes));
-    prefetch_next(mem, first, lanes);
     let base = mem.component(first, 0);
-    for (k, &v) in view::<W>(value, lanes * mem.width).iter().enumerate() {
-        // SAFETY: as in `load_run`; the compiler only stores to read-write buffers.
-        unsafe { W::store_at(base.wrapping_add(k * size_of::<W>()), v) };
-    }
+    // SAFETY: as in `load_run`; the compiler only stores to read-write buffers.
+    unsafe { copy_to_global(base, view::<W>(value, lanes * mem.width)) };
 }
 
 /// Whether every unit is active (branch-free, so it vectorises).
@@ -183,13 +212,9 @@ pub(crate) fn load<W: AtomicWord>(
     let w = mem.width;
     let out = view_mut::<W>(out, mask.len() * w);
     if let Some(first) = contiguous(mem, idx, mask) {
-        prefetch_next(mem, first, mask.len());
-        let base = mem.component(first, 0);
-        for (k, o) in out.iter_mut().enumerate() {
-            // SAFETY: entries `first..first + lanes` are in range (checked by `contiguous`);
-            // `GlobalMem::new` guarantees validity and alignment.
-            *o = unsafe { W::load_at(base.wrapping_add(k * size_of::<W>())) };
-        }
+        // SAFETY: entries `first..first + lanes` are in range (checked by `contiguous`);
+        // `GlobalMem::new` guarantees validity and alignment.
+        unsafe { copy_from_global(mem.component(first, 0), out) };
         return;
     }
     for (l, (&m, o)) in mask.iter().zip(out.chunks_exact_mut(w)).enumerate() {
@@ -229,13 +254,9 @@ pub(crate) fn store<W: AtomicWord>(
     let w = mem.width;
     let value = view::<W>(value, mask.len() * w);
     if let Some(first) = contiguous(mem, idx, mask) {
-        prefetch_next(mem, first, mask.len());
-        let base = mem.component(first, 0);
-        for (k, &v) in value.iter().enumerate() {
-            // SAFETY: as in `load`'s contiguous path; the compiler only stores to read-write
-            // buffers.
-            unsafe { W::store_at(base.wrapping_add(k * size_of::<W>()), v) };
-        }
+        // SAFETY: as in `load`'s contiguous path; the compiler only stores to read-write
+        // buffers.
+        unsafe { copy_to_global(mem.component(first, 0), value) };
         return;
     }
     for (l, (&m, v)) in mask.iter().zip(value.chunks_exact(w)).enumerate() {

@@ -4,13 +4,14 @@
 use compute_core::elem::ElemType;
 use compute_core::error::ServerError;
 use compute_core::kernel::{
-    AtomicOp, Block, Builtin, Item, KernelDefinition, MemRef, Op, ScalarValue, Stmt, ValueId,
+    AtomicOp, BinaryOp, Block, Builtin, Item, KernelDefinition, MemRef, Op, ScalarValue, Stmt,
+    ValueId, VarId,
 };
 
 use super::global::{
     self, AtomicFn, F32Atomic, GlobalLoadFn, GlobalStoreFn, RunLoadFn, RunStoreFn,
 };
-use super::lanes::{self, BinFn, IndexFn, TerFn, UnFn};
+use super::lanes::{self, AccFn, BinFn, IndexFn, TerFn, UnFn};
 use super::plane::{self, PlaneFn};
 use super::range::{RangeFns, range_fns};
 use super::words::{
@@ -153,6 +154,18 @@ pub(crate) enum Inst {
         out: Reg,
         width: usize,
     },
+    /// `t = op(a, b, var); var = t` (an assignment right after the operation whose result
+    /// nothing else reads) in place on the variable's register `acc`; `tmp` is `t`'s register,
+    /// used (with `masked`) when some units are inactive.
+    Accumulate {
+        f: AccFn,
+        a: Reg,
+        b: Reg,
+        acc: Reg,
+        tmp: Reg,
+        masked: MaskedFn,
+        width: usize,
+    },
 }
 
 /// Structured control flow; the executor keeps one active-unit mask per level.
@@ -249,6 +262,7 @@ pub fn compile(def: &KernelDefinition) -> Result<Plan, ServerError> {
         init: Vec::new(),
         per_cube: Vec::new(),
         linear: vec![false; nvalues],
+        alias: vec![None; nvalues],
     };
     let body = c.block(def.body(), 0)?;
     Ok(Plan {
@@ -309,9 +323,21 @@ struct Compiler<'a> {
     per_cube: Vec<Inst>,
     /// Values that are `absolute_pos`.
     linear: Vec<bool>,
+    /// Values read from a variable that is not written while they are live: they use the
+    /// variable's register instead of a copy.
+    alias: Vec<Option<Reg>>,
 }
 
 impl Compiler<'_> {
+    /// The register of a value.
+    fn reg(&self, v: ValueId) -> Reg {
+        self.alias
+            .get(v.0 as usize)
+            .copied()
+            .flatten()
+            .unwrap_or(v.0 as usize)
+    }
+
     fn is_linear(&self, v: Reg) -> bool {
         self.linear.get(v).copied().unwrap_or(false)
     }
@@ -335,13 +361,13 @@ impl Compiler<'_> {
         if got != item {
             return self.err(format!("{what}: %{} is {got}, expected {item}", v.0));
         }
-        Ok(v.0 as usize)
+        Ok(self.reg(v))
     }
 
     fn index(&self, v: ValueId, what: &str) -> Result<(Reg, IndexFn), ServerError> {
         let item = self.item(v)?;
         match lanes::index_fn(item.elem) {
-            Some(f) if item.width == 1 => Ok((v.0 as usize, f)),
+            Some(f) if item.width == 1 => Ok((self.reg(v), f)),
             _ => self.err(format!(
                 "{what}: index %{} is {item}, expected an integer scalar",
                 v.0
@@ -362,10 +388,27 @@ impl Compiler<'_> {
 
     fn block(&mut self, block: &Block, depth: u32) -> Result<Vec<Node>, ServerError> {
         let mut nodes = Vec::with_capacity(block.stmts.len());
-        for stmt in &block.stmts {
+        let mut skip = 0;
+        for (p, stmt) in block.stmts.iter().enumerate() {
+            if skip > 0 {
+                skip -= 1;
+                continue;
+            }
+            if let Some((inst, used)) = self.fuse(&block.stmts, p)? {
+                nodes.push(Node::Inst(inst));
+                skip = used - 1;
+                continue;
+            }
             match stmt {
                 Stmt::Let { out, op } => {
-                    if let Some(inst) = self.op(*out, op)? {
+                    let inst = self.op(*out, op)?;
+                    if let (Op::ReadVar(var), Some(Inst::Copy { src, .. })) = (op, &inst)
+                        && forwardable(&block.stmts[p + 1..], *out, *var)
+                    {
+                        self.alias[out.0 as usize] = Some(*src);
+                        continue;
+                    }
+                    if let Some(inst) = inst {
                         nodes.push(Node::Inst(inst));
                     }
                 }
@@ -455,7 +498,7 @@ impl Compiler<'_> {
                     };
                     nodes.push(Node::Range {
                         var: self.expect(*var, item, "range")?,
-                        start: start.0 as usize,
+                        start: self.reg(*start),
                         end: self.expect(*end, item, "range")?,
                         step: self.expect(*step, item, "range")?,
                         fns,
@@ -475,6 +518,88 @@ impl Compiler<'_> {
             }
         }
         Ok(nodes)
+    }
+
+    /// An [`Inst::Accumulate`] for the statements at `p`: `t = fma(a, b, read(v))` or
+    /// `t = read(v) + x` (either order), optionally after `s = splat(x)` used only as the fma's
+    /// first operand, then `v = t`, with `t` read nowhere else. Returns the statements used.
+    fn fuse(&mut self, stmts: &[Stmt], p: usize) -> Result<Option<(Inst, usize)>, ServerError> {
+        let Stmt::Let { out: first, op } = &stmts[p] else {
+            return Ok(None);
+        };
+        let (splat, q) = match op {
+            Op::Splat(x, _) => (Some((*first, *x)), p + 1),
+            _ => (None, p),
+        };
+        let (Some(Stmt::Let { out: t, op }), Some(Stmt::Assign { var, value })) =
+            (stmts.get(q), stmts.get(q + 1))
+        else {
+            return Ok(None);
+        };
+        if value != t || !matches!(op, Op::Fma(..) | Op::Binary(BinaryOp::Add, ..)) {
+            return Ok(None);
+        }
+        let rest = &stmts[q + 2..];
+        if rest.iter().any(|s| stmt_uses(s, *t)) {
+            return Ok(None);
+        }
+        let Some(decl) = self.def.vars().get(var.0 as usize) else {
+            return Ok(None);
+        };
+        let item = decl.item;
+        let acc = self.nvalues + var.0 as usize;
+        if self.item(*t)? != item {
+            return Ok(None);
+        }
+        // Compile the statements as usual first: that validates their types.
+        let splat = match splat {
+            Some((s, _)) => match self.op(s, op_at(&stmts[p]))? {
+                Some(Inst::Reshape { x, .. })
+                    if !rest.iter().any(|st| stmt_uses(st, s)) && !op_uses_twice(op, s) =>
+                {
+                    Some((s.0 as usize, x))
+                }
+                _ => return Ok(None),
+            },
+            None => None,
+        };
+        let (f, a, b, used) = match (self.op(*t, op)?, splat) {
+            (Some(Inst::Ternary { a, b, c, .. }), None) if matches!(op, Op::Fma(..)) => {
+                if c != acc || a == acc || b == acc {
+                    return Ok(None);
+                }
+                (lanes::acc_fma_fn(item.elem, false), a, b, 2)
+            }
+            (Some(Inst::Ternary { a, b, c, .. }), Some((s, src))) if matches!(op, Op::Fma(..)) => {
+                if a != s || c != acc || b == acc || src == acc {
+                    return Ok(None);
+                }
+                (lanes::acc_fma_fn(item.elem, true), src, b, 3)
+            }
+            (Some(Inst::Binary { a, b, .. }), None) => {
+                let other = if a == acc { b } else { a };
+                if (a != acc && b != acc) || other == acc {
+                    return Ok(None);
+                }
+                (lanes::acc_add_fn(item.elem), other, other, 2)
+            }
+            _ => return Ok(None),
+        };
+        let Some(f) = f else {
+            return Ok(None);
+        };
+        Ok(Some((
+            Inst::Accumulate {
+                f,
+                a,
+                b,
+                acc,
+                tmp: t.0 as usize,
+                masked: by_size!(item.elem.size(), masked_copy_w),
+                width: item.width as usize,
+            },
+            used,
+        )))
     }
 
     fn array(&self, mem: MemRef) -> Result<(bool, usize, Item, ArrayAccess), ServerError> {
@@ -694,7 +819,7 @@ impl Compiler<'_> {
                 }
                 Inst::Unary {
                     f: lanes::cast_fn(from.elem, *to),
-                    x: x.0 as usize,
+                    x: self.reg(*x),
                     out,
                     n,
                 }
@@ -705,7 +830,7 @@ impl Compiler<'_> {
                     return self.err(format!("bitcast of {from} to {item}"));
                 }
                 Inst::Copy {
-                    src: x.0 as usize,
+                    src: self.reg(*x),
                     dst: out,
                 }
             }
@@ -726,7 +851,7 @@ impl Compiler<'_> {
                 }
                 Inst::Reshape {
                     f: by_size!(item.elem.size(), extract_w),
-                    x: x.0 as usize,
+                    x: self.reg(*x),
                     out,
                     shape: self.shape(from),
                     arg: *comp as usize,
@@ -844,6 +969,109 @@ impl Compiler<'_> {
             }
         };
         Ok(Some(inst))
+    }
+}
+
+/// Whether `out = read(var)` can share `var`'s register: `var` is not written (assigned or
+/// declared again, at any depth) from the read through the last statement that uses `out`.
+fn forwardable(rest: &[Stmt], out: ValueId, var: VarId) -> bool {
+    let Some(last) = rest.iter().rposition(|s| stmt_uses(s, out)) else {
+        return true;
+    };
+    !rest[..=last].iter().any(|s| stmt_writes(s, var))
+}
+
+fn op_at(s: &Stmt) -> &Op {
+    match s {
+        Stmt::Let { op, .. } => op,
+        _ => unreachable!("a `let` statement"),
+    }
+}
+
+/// Whether `s` is more than one operand of `op` (a splat fused into one operand must not feed
+/// another).
+fn op_uses_twice(op: &Op, s: ValueId) -> bool {
+    match op {
+        Op::Fma(a, b, c) => [a, b, c].iter().filter(|&&&x| x == s).count() > 1,
+        _ => true,
+    }
+}
+
+fn block_uses(b: &Block, v: ValueId) -> bool {
+    b.stmts.iter().any(|s| stmt_uses(s, v))
+}
+
+fn stmt_uses(s: &Stmt, v: ValueId) -> bool {
+    match s {
+        Stmt::Let { op, .. } => op_uses(op, v),
+        Stmt::Store { index, value, .. } => *index == v || *value == v,
+        Stmt::DeclareVar { init, .. } => *init == v,
+        Stmt::Assign { value, .. } => *value == v,
+        Stmt::If {
+            cond,
+            then,
+            otherwise,
+        } => *cond == v || block_uses(then, v) || block_uses(otherwise, v),
+        Stmt::Range {
+            start,
+            end,
+            step,
+            body,
+            ..
+        } => *start == v || *end == v || *step == v || block_uses(body, v),
+        Stmt::Loop { body } => block_uses(body, v),
+        Stmt::Break | Stmt::Continue | Stmt::Return | Stmt::Barrier => false,
+    }
+}
+
+fn op_uses(op: &Op, v: ValueId) -> bool {
+    match op {
+        Op::Literal(_)
+        | Op::Builtin(_)
+        | Op::Scalar(_)
+        | Op::Len(_)
+        | Op::Rank(_)
+        | Op::ReadVar(_) => false,
+        Op::Load { index: x, .. }
+        | Op::Shape { dim: x, .. }
+        | Op::Stride { dim: x, .. }
+        | Op::Unary(_, x)
+        | Op::Cast(x, _)
+        | Op::Bitcast(x, _, _)
+        | Op::Splat(x, _)
+        | Op::Extract(x, _)
+        | Op::Plane(_, x)
+        | Op::Ballot(x) => *x == v,
+        Op::Binary(_, a, b)
+        | Op::Compare(_, a, b)
+        | Op::Insert(a, _, b)
+        | Op::PlaneBroadcast(a, b)
+        | Op::PlaneShuffle(a, b) => *a == v || *b == v,
+        Op::Fma(a, b, c) | Op::Clamp(a, b, c) | Op::Select(a, b, c) => {
+            *a == v || *b == v || *c == v
+        }
+        Op::Vector(parts) => parts.contains(&v),
+        Op::Atomic {
+            index,
+            value,
+            compare,
+            ..
+        } => *index == v || *value == v || *compare == Some(v),
+    }
+}
+
+fn block_writes(b: &Block, var: VarId) -> bool {
+    b.stmts.iter().any(|s| stmt_writes(s, var))
+}
+
+fn stmt_writes(s: &Stmt, var: VarId) -> bool {
+    match s {
+        Stmt::DeclareVar { var: w, .. } | Stmt::Assign { var: w, .. } => *w == var,
+        Stmt::If {
+            then, otherwise, ..
+        } => block_writes(then, var) || block_writes(otherwise, var),
+        Stmt::Range { body, .. } | Stmt::Loop { body } => block_writes(body, var),
+        _ => false,
     }
 }
 

@@ -451,6 +451,27 @@ impl Plan {
                 unsafe { f(&target, &args, &mut o) };
                 st.regs[*out] = o;
             }
+            Inst::Accumulate {
+                f,
+                a,
+                b,
+                acc,
+                tmp,
+                masked,
+                width,
+            } => {
+                let mut v = take(&mut st.regs[*acc]);
+                if global::all_active(mask) {
+                    f(&st.regs[*a], &st.regs[*b], &mut v, lanes, *width);
+                } else {
+                    let mut t = take(&mut st.regs[*tmp]);
+                    t.copy_from_slice(&v);
+                    f(&st.regs[*a], &st.regs[*b], &mut t, lanes, *width);
+                    masked(&t, &mut v, mask, *width);
+                    st.regs[*tmp] = t;
+                }
+                st.regs[*acc] = v;
+            }
             Inst::Plane {
                 f,
                 x,

@@ -753,3 +753,64 @@ fn elementwise_throughput() {
     let base = n as f64 * reps as f64 / t.elapsed().as_secs_f64();
     eprintln!("rayon a+b: {:.3} G elem/s", base / 1e9);
 }
+
+/// Accumulations fused in place (`v = fma(splat(s), x, v)`, `v = x + v`) under full and partial
+/// masks, and a variable read that must not share the register because the variable is
+/// assigned while the value is still live.
+#[test]
+fn fused_accumulations_and_variable_reads() {
+    let mut k = KernelBuilder::new("acc", [32, 1, 1]);
+    let x = k.input("x", ElemType::F32, 4);
+    let out = k.output("out", ElemType::F32, 4);
+    let old = k.output("old", ElemType::F32, 4);
+    let i = k.absolute_pos();
+    let xi = k.load(x, i);
+    let zero = k.splat(0.0f32, 4);
+    let acc = k.var(zero);
+    k.range(0u32, 3u32, 1u32, |k, j| {
+        let s = k.cast(j, ElemType::F32);
+        let s = k.add(s, 1.0f32);
+        let v = k.get(acc);
+        let r = k.fma(s, xi, v); // fused with the splat, all units active
+        k.assign(acc, r);
+        let odd = k.bit_and(i, 1u32);
+        let odd = k.eq(odd, 1u32);
+        k.if_(odd, |k| {
+            let v = k.get(acc);
+            let r = k.add(xi, v); // fused, half the units active
+            k.assign(acc, r);
+        });
+    });
+    let before = k.get(acc);
+    let twice = k.add(before, before);
+    k.assign(acc, twice);
+    // `before` is live after the assignment, so it must hold the old value.
+    k.store(old, i, before);
+    let v = k.get(acc);
+    k.store(out, i, v);
+    let def = k.build().unwrap();
+    let n = 64usize;
+    let mut xs: Vec<f32> = (0..n * 4).map(|c| c as f32 * 0.25 - 3.0).collect();
+    let mut outs = vec![0.0f32; n * 4];
+    let mut olds = vec![0.0f32; n * 4];
+    run(
+        &def,
+        [2, 1, 1],
+        &mut [bytes(&mut xs), bytes(&mut outs), bytes(&mut olds)],
+        &[],
+    );
+    for u in 0..n {
+        for c in 0..4 {
+            let x = xs[u * 4 + c];
+            let mut a = 0.0f32;
+            for j in 0..3 {
+                a = (j as f32 + 1.0).mul_add(x, a);
+                if u % 2 == 1 {
+                    a += x;
+                }
+            }
+            assert_eq!(olds[u * 4 + c], a, "unit {u} component {c}");
+            assert_eq!(outs[u * 4 + c], a + a, "unit {u} component {c}");
+        }
+    }
+}

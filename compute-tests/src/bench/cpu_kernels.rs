@@ -268,8 +268,9 @@ fn reduction(client: &ComputeClient<CpuRuntime>) -> Row {
 
 /// Depth of one shared tile.
 const TK: u32 = 16;
-/// Output rows per unit (scalars of the A tile) and columns per unit (one vector of B).
-const ROWS_PER_UNIT: u32 = 4;
+/// Output rows per unit (scalars of the `a` tile, in vectors of 4 rows) and columns per unit
+/// (one vector of `b`).
+const ROWS_PER_UNIT: u32 = 8;
 const COLS_PER_UNIT: u32 = 16;
 /// Units per cube in x (columns) and y (rows).
 const MX: u32 = 8;
@@ -279,18 +280,21 @@ const TILE_M: u32 = MY * ROWS_PER_UNIT;
 const TILE_N: u32 = MX * COLS_PER_UNIT;
 
 /// `c = a b` for square row-major `n x n` matrices. Each cube computes a `TILE_M x TILE_N` tile
-/// of `c`, stepping through `k` by `TK`: the cube stages an `a` tile (transposed) and a `b` tile
-/// in shared memory, barriers, and each unit accumulates a `ROWS_PER_UNIT x COLS_PER_UNIT`
-/// block in registers, one vector of `b` times a scalar of `a` per row.
+/// of `c`, stepping through `k` by `TK`: the cube stages an `a` tile (transposed, as vectors of
+/// 4 consecutive rows) and a `b` tile in shared memory, barriers, and each unit accumulates a
+/// `ROWS_PER_UNIT x COLS_PER_UNIT` block in registers: per `k`, one vector of `b` times a
+/// scalar of `a` for each row.
 fn matmul_kernel(n: u32) -> KernelDefinition {
     let w = COLS_PER_UNIT as u8;
     let row_vecs = n / COLS_PER_UNIT;
+    let groups = TILE_M / 4;
+    let units = MX * MY;
     let mut k = KernelBuilder::new("bench_matmul", [MX, MY, 1]);
     let a = k.input("a", ElemType::F32, 1);
     let b = k.input("b", ElemType::F32, w);
     let c = k.output("c", ElemType::F32, w);
-    // `a_t[kk * TILE_M + row]`: column `kk` of the `a` tile.
-    let a_t = k.shared("a_t", ElemType::F32, 1, TK * TILE_M);
+    // `a_t[kk * groups + g]`: rows `4g..4g + 4` of column `kk` of the `a` tile.
+    let a_t = k.shared("a_t", ElemType::F32, 4, TK * groups);
     // `b_s[kk * MX + v]`: vector `v` of row `kk` of the `b` tile.
     let b_s = k.shared("b_s", ElemType::F32, w, TK * MX);
     let tx = k.unit_pos_x();
@@ -302,25 +306,30 @@ fn matmul_kernel(n: u32) -> KernelDefinition {
     let vec0 = k.mul(vec0, MX);
     let zero = k.splat(0.0f32, w);
     let acc: Vec<_> = (0..ROWS_PER_UNIT).map(|_| k.var(zero)).collect();
-    let my_row = k.mul(ty, ROWS_PER_UNIT);
+    let my_group = k.mul(ty, ROWS_PER_UNIT / 4);
     k.range(0u32, n, TK, |k, t| {
-        // Stage the `a` tile: TILE_M x TK scalars, MX * MY per step.
-        for step in 0..(TILE_M * TK) / (MX * MY) {
-            let flat = k.add(unit, step * MX * MY);
-            let row = k.div(flat, TK);
-            let kk = k.rem(flat, TK);
-            let grow = k.add(row0, row);
-            let src = k.mul(grow, n);
+        // Stage the `a` tile: TK x groups vectors, one per unit per step.
+        for step in 0..(TK * groups) / units {
+            let flat = k.add(unit, step * units);
+            let kk = k.div(flat, groups);
+            let g = k.rem(flat, groups);
             let col = k.add(t, kk);
-            let src = k.add(src, col);
-            let x = k.load(a, src);
-            let dst = k.mul(kk, TILE_M);
-            let dst = k.add(dst, row);
-            k.store(a_t, dst, x);
+            let grow = k.mul(g, 4u32);
+            let grow = k.add(row0, grow);
+            let parts: Vec<_> = (0..4u32)
+                .map(|r| {
+                    let row = k.add(grow, r);
+                    let src = k.mul(row, n);
+                    let src = k.add(src, col);
+                    k.load(a, src)
+                })
+                .collect();
+            let v = k.vector(&parts);
+            k.store(a_t, flat, v);
         }
         // Stage the `b` tile: TK rows of MX vectors.
-        for step in 0..(TK * MX) / (MX * MY) {
-            let flat = k.add(unit, step * MX * MY);
+        for step in 0..(TK * MX) / units {
+            let flat = k.add(unit, step * units);
             let kk = k.div(flat, MX);
             let v = k.rem(flat, MX);
             let grow = k.add(t, kk);
@@ -335,18 +344,24 @@ fn matmul_kernel(n: u32) -> KernelDefinition {
             let bi = k.mul(kk, MX);
             let bi = k.add(bi, tx);
             let bv = k.load(b_s, bi);
-            let ai = k.mul(kk, TILE_M);
-            let ai = k.add(ai, my_row);
+            let ai = k.mul(kk, groups);
+            let ai = k.add(ai, my_group);
+            let mut av = k.load(a_t, ai);
             for (r, acc) in acc.iter().enumerate() {
-                let idx = k.add(ai, r as u32);
-                let av = k.load(a_t, idx);
+                let r = r as u32;
+                if r.is_multiple_of(4) && r > 0 {
+                    let next = k.add(ai, r / 4);
+                    av = k.load(a_t, next);
+                }
+                let x = k.extract(av, (r % 4) as u8);
                 let s = k.get(*acc);
-                let s = k.fma(av, bv, s);
+                let s = k.fma(x, bv, s);
                 k.assign(*acc, s);
             }
         });
         k.barrier();
     });
+    let my_row = k.mul(ty, ROWS_PER_UNIT);
     for (r, acc) in acc.iter().enumerate() {
         let row = k.add(row0, my_row);
         let row = k.add(row, r as u32);

@@ -4,8 +4,13 @@ pub mod collective;
 pub mod devices;
 pub mod graph;
 pub mod ir_arith;
+pub mod ir_builtins;
 pub mod ir_control;
+pub mod ir_errors;
 pub mod ir_math;
+pub mod ir_memory;
+pub mod ir_metadata;
+pub mod ir_plane;
 pub mod ir_types;
 pub mod ir_util;
 pub mod launch;
@@ -79,6 +84,24 @@ macro_rules! for_each_test {
             ir_control::ir_control_range_steps,
             ir_control::ir_control_loop_break_continue,
             ir_control::ir_control_early_return,
+            ir_memory::ir_memory_local_array,
+            ir_memory::ir_memory_shared_reverse_barrier,
+            ir_memory::ir_memory_shared_reduction,
+            ir_memory::ir_memory_atomic_histogram,
+            ir_memory::ir_memory_atomic_global_ops,
+            ir_memory::ir_memory_atomic_shared,
+            ir_memory::ir_memory_atomic_wide_and_float,
+            ir_plane::ir_plane_ops,
+            ir_plane::ir_plane_divergent,
+            ir_builtins::ir_builtins_3d,
+            ir_builtins::ir_builtins_plane_3d,
+            ir_metadata::ir_metadata_buffer_len,
+            ir_metadata::ir_metadata_pitched_tensor,
+            ir_errors::ir_errors_type_errors_name_values,
+            ir_errors::ir_errors_read_only_and_atomics,
+            ir_errors::ir_errors_scope_and_control,
+            ir_errors::ir_errors_declarations,
+            ir_errors::ir_errors_shared_memory_limit_at_launch,
             launch::elementwise_add,
             launch::bounds_checked_and_unchecked,
             launch::zero_count_launch,

@@ -4,9 +4,11 @@
 //! backs logical devices, each requested with the adapter's real limits and features. Memory is
 //! compute-core's pools over `wgpu::Buffer` blocks; kernels in the portable IR are compiled to
 //! WGSL (one pipeline per kernel and bounds-check mode, cached by kernel id); launches, copies and
-//! timestamps are batched into few submissions on the device's queue; reads go through staging
-//! buffers and `map_async`, completed by a poll thread that blocks in `device.poll` instead of
-//! spinning.
+//! timestamps are batched into few submissions on the device's queue, with bind groups cached per
+//! (pipeline, bound ranges) and the launch info in one persistent buffer (dynamic offsets); reads
+//! go through staging buffers and `map_async`. `sync` and reads wait on the awaiting thread, which
+//! blocks in `device.poll` instead of spinning; profiles and collectives are completed by a poll
+//! thread.
 //!
 //! ```no_run
 //! use compute_core::{Bytes, ComputeClient};

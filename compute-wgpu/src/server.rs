@@ -28,7 +28,9 @@ use compute_core::{
 };
 use hashbrown::HashMap;
 
-use crate::batch::{self, BoundBuffer, Command, Dispatch, DispatchCount, Pipeline};
+use crate::batch::{
+    BoundBuffer, Command, Dispatch, DispatchCount, Encoder, FreedBuffers, Pipeline,
+};
 use crate::collective::{Collectives, Round};
 use crate::compiler::{self, HEADER_WORDS, ShaderCapabilities};
 use crate::device::{WgpuDevice, device_count};
@@ -40,8 +42,28 @@ use crate::storage::{WgpuResource, WgpuStorage};
 /// the next flush, sync or read.
 pub(crate) type ErrorQueue = Arc<spin::Mutex<VecDeque<ServerError>>>;
 
-/// Launches recorded before the batch is submitted on its own.
+/// Launches recorded before the batch is submitted on its own, on a GPU: early submissions keep
+/// it busy while the host records more.
 const MAX_BATCH_DISPATCHES: usize = 64;
+
+/// The same on a software adapter (lavapipe, WARP), where a submission waits on the host for
+/// the one before it to finish: submitting mid-stream would tie the host to the device.
+const MAX_BATCH_DISPATCHES_CPU: usize = 4096;
+
+/// Launches per batch for `adapter`; `COMPUTE_WGPU_MAX_BATCH` overrides it.
+fn max_batch(adapter: &wgpu::AdapterInfo) -> usize {
+    if let Some(n) = std::env::var("COMPUTE_WGPU_MAX_BATCH")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+    {
+        return n.max(1);
+    }
+    if adapter.device_type == wgpu::DeviceType::Cpu {
+        MAX_BATCH_DISPATCHES_CPU
+    } else {
+        MAX_BATCH_DISPATCHES
+    }
+}
 
 /// Backend information of a wgpu server.
 #[derive(Debug, Clone)]
@@ -98,6 +120,11 @@ pub struct WgpuServer {
     pipelines: HashMap<(KernelId, bool), Arc<Pipeline>>,
     batch: Vec<Command>,
     batch_dispatches: usize,
+    max_batch: usize,
+    launch_infos: Vec<BufferLaunchInfo>,
+    encoder: Encoder,
+    freed: FreedBuffers,
+    next_pipeline: u64,
     graphs: HashMap<GraphId, WgpuGraph>,
     profiles: HashMap<u64, Profile>,
     next_profile: u64,
@@ -206,6 +233,7 @@ impl WgpuServer {
                 .push_back(ServerError::Driver(format!("wgpu: {error}")));
         }));
         let adapter_info = adapter.get_info();
+        let max_batch = max_batch(&adapter_info);
         let caps = ShaderCapabilities::from_features(features);
         let timestamps = features.contains(
             wgpu::Features::TIMESTAMP_QUERY | wgpu::Features::TIMESTAMP_QUERY_INSIDE_ENCODERS,
@@ -217,6 +245,12 @@ impl WgpuServer {
             device: compute_core::Device::to_id(&index),
             server: NEXT_SERVER.fetch_add(1, core::sync::atomic::Ordering::Relaxed),
         };
+        let freed = FreedBuffers::default();
+        let encoder = Encoder::new(
+            &device,
+            u64::from(limits.min_storage_buffer_offset_alignment).max(4),
+            freed.clone(),
+        );
         let poller = Poller::spawn(
             device.clone(),
             errors.clone(),
@@ -241,6 +275,11 @@ impl WgpuServer {
             pipelines: HashMap::new(),
             batch: Vec::new(),
             batch_dispatches: 0,
+            max_batch,
+            launch_infos: Vec::new(),
+            encoder,
+            freed,
+            next_pipeline: 1,
             graphs: HashMap::new(),
             profiles: HashMap::new(),
             next_profile: 1,
@@ -266,7 +305,8 @@ impl WgpuServer {
                 self.device.clone(),
                 self.alignment,
                 self.info.limits.max_buffer_size,
-            );
+            )
+            .with_freed(self.freed.clone());
             let memory =
                 MemoryManagement::new(storage, &self.pool_config, self.properties.memory.clone())
                     .map_err(|e| ServerError::InvalidArgument(e.to_string()))?;
@@ -322,22 +362,26 @@ impl WgpuServer {
         }
     }
 
-    /// Submit the batch, if it holds anything; validation errors of the submission are queued.
+    /// Submit the batch, if it holds anything. No error scope here (it would cost every
+    /// submission a round trip): validation errors reach the device's uncaptured-error handler,
+    /// which queues them for the next flush, sync or read.
     fn submit(&mut self) -> Result<Option<wgpu::SubmissionIndex>, ServerError> {
         if self.batch.is_empty() {
             return Ok(None);
         }
-        let commands = core::mem::take(&mut self.batch);
+        let mut commands = core::mem::take(&mut self.batch);
         self.batch_dispatches = 0;
-        let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
-        let encoded = batch::encode(&self.device, &commands, self.alignment);
+        let encoded = self.encoder.encode(&self.device, &self.queue, &commands);
         let index = encoded.map(|buffer| self.queue.submit([buffer]));
-        if let Some(error) = compute_core::block_on(scope.pop()) {
-            self.errors.lock().push_back(ServerError::Execution(format!(
-                "wgpu rejected a submission: {error}"
-            )));
+        if index.is_err() || !self.errors.lock().is_empty() {
+            // A rejected submission may have dropped the info written for it.
+            self.encoder.forget_info();
         }
-        drop(commands);
+        // Keep the allocation of the command list for the next batch.
+        commands.clear();
+        if self.batch.is_empty() {
+            self.batch = commands;
+        }
         index.map(Some)
     }
 
@@ -354,7 +398,7 @@ impl WgpuServer {
             self.batch_dispatches += 1;
         }
         self.batch.push(command);
-        if self.batch_dispatches >= MAX_BATCH_DISPATCHES {
+        if self.batch_dispatches >= self.max_batch {
             self.submit()?;
         }
         Ok(())
@@ -386,7 +430,8 @@ impl WgpuServer {
                     ty: wgpu::BufferBindingType::Storage {
                         read_only: binding == count,
                     },
-                    has_dynamic_offset: false,
+                    // The launch info sits in one buffer shared by every launch.
+                    has_dynamic_offset: binding == count,
                     min_binding_size: None,
                 },
                 count: None,
@@ -422,7 +467,10 @@ impl WgpuServer {
                 compiled.source
             )));
         }
+        let id = self.next_pipeline;
+        self.next_pipeline += 1;
         let pipeline = Arc::new(Pipeline {
+            id,
             name: def.name().to_string(),
             pipeline,
             layout,
@@ -531,6 +579,17 @@ fn map_read(
         .slice(..)
         .map_async(wgpu::MapMode::Read, move |result| tx.send(result));
     rx
+}
+
+/// Block (in the driver, not spinning) until submission `index` has completed.
+fn wait_for(device: &wgpu::Device, index: wgpu::SubmissionIndex) -> Result<(), ServerError> {
+    device
+        .poll(wgpu::PollType::Wait {
+            submission_index: Some(index),
+            timeout: None,
+        })
+        .map(|_| ())
+        .map_err(|e| ServerError::Driver(format!("waiting for the wgpu device: {e}")))
 }
 
 fn gone() -> ServerError {
@@ -755,10 +814,12 @@ impl ComputeServer for WgpuServer {
                 },
             })
             .collect();
-        if let Some(index) = index {
-            self.poller.wait(index, None);
-        }
+        let device = self.device.clone();
         Box::pin(async move {
+            // The maps complete during this wait (their callbacks run on the polling thread).
+            if let Some(index) = index {
+                wait_for(&device, index)?;
+            }
             let mut out = Vec::with_capacity(parts.len());
             for part in parts {
                 match part {
@@ -830,15 +891,16 @@ impl ComputeServer for WgpuServer {
         stream: StreamId,
     ) -> Result<(), ServerError> {
         let def = kernel.definition.clone();
-        let infos: Vec<BufferLaunchInfo> = arguments
-            .buffers
-            .iter()
-            .map(|b| BufferLaunchInfo {
-                len_bytes: b.binding.size(),
-                rank: b.shape.rank(),
-            })
-            .collect();
-        def.check_launch(&infos, &arguments.scalars)?;
+        // A scratch list kept by the server: no allocation per launch.
+        let mut infos = core::mem::take(&mut self.launch_infos);
+        infos.clear();
+        infos.extend(arguments.buffers.iter().map(|b| BufferLaunchInfo {
+            len_bytes: b.binding.size(),
+            rank: b.shape.rank(),
+        }));
+        let checked_launch = def.check_launch(&infos, &arguments.scalars);
+        self.launch_infos = infos;
+        checked_launch?;
         let limits = &self.info.limits;
         let shared = def.shared_memory_bytes() as u64;
         if shared > u64::from(limits.max_compute_workgroup_storage_size) {
@@ -897,7 +959,9 @@ impl ComputeServer for WgpuServer {
         let checked = mode == ExecutionMode::Checked;
         let pipeline = self.pipeline(&kernel, checked)?;
         let layout = &pipeline.info;
-        let mut info = vec![0u32; layout.fixed_words as usize];
+        let meta_words: usize = arguments.buffers.iter().map(|b| 2 * b.shape.rank()).sum();
+        let mut info = Vec::with_capacity(layout.fixed_words as usize + meta_words);
+        info.resize(layout.fixed_words as usize, 0u32);
         for (value, &offset) in arguments.scalars.iter().zip(&layout.scalar_offsets) {
             let words = scalar_words(value);
             info[offset as usize] = words[0];
@@ -961,11 +1025,13 @@ impl ComputeServer for WgpuServer {
             Ok(index) => index,
             Err(e) => return ready(Err(e)),
         };
-        let (tx, rx) = oneshot();
-        self.poller.wait(index, Some(tx));
+        self.encoder.prune();
+        let device = self.device.clone();
         let errors = self.errors.clone();
         Box::pin(async move {
-            rx.await.unwrap_or_else(|| Err(gone()))?;
+            // Waited for here, on the caller's thread, not through the poll thread: one thread
+            // hop less per sync. The wait blocks in the driver; it does not spin.
+            wait_for(&device, index)?;
             match errors.lock().pop_front() {
                 Some(e) => Err(e),
                 None => Ok(()),
@@ -985,6 +1051,7 @@ impl ComputeServer for WgpuServer {
         if let Some(state) = self.streams.get_mut(&stream) {
             state.memory.cleanup(true);
         }
+        self.encoder.prune();
     }
 
     fn allocation_mode(&mut self, mode: MemoryAllocationMode, stream: StreamId) {

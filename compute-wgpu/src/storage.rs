@@ -28,6 +28,7 @@ pub struct WgpuStorage {
     alignment: u64,
     max_buffer_size: u64,
     buffers: HashMap<StorageId, wgpu::Buffer>,
+    freed: Option<crate::batch::FreedBuffers>,
 }
 
 impl WgpuStorage {
@@ -38,7 +39,14 @@ impl WgpuStorage {
             alignment,
             max_buffer_size,
             buffers: HashMap::new(),
+            freed: None,
         }
+    }
+
+    /// Report dropped blocks to `freed` (the server's bind group cache lets go of them).
+    pub(crate) fn with_freed(mut self, freed: crate::batch::FreedBuffers) -> Self {
+        self.freed = Some(freed);
+        self
     }
 }
 
@@ -101,7 +109,9 @@ impl ComputeStorage for WgpuStorage {
     fn dealloc(&mut self, id: StorageId) {
         // Dropping (not destroying) the buffer: wgpu keeps it alive until submitted work that
         // uses it has finished.
-        self.buffers.remove(&id);
+        if let (Some(buffer), Some(freed)) = (self.buffers.remove(&id), &self.freed) {
+            freed.lock().push(buffer);
+        }
     }
 
     fn block_count(&self) -> usize {

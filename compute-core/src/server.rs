@@ -127,7 +127,17 @@ pub trait ComputeServer: Send + Sized + 'static {
 
     /// Move `bytes` to memory the device copies from fastest (pinned memory), or at least read
     /// deferred (file-backed, lazy) bytes now. With `file_only`, only file-backed bytes move.
-    fn staging(&mut self, bytes: &mut [&mut Bytes], file_only: bool) -> Result<(), ServerError>;
+    ///
+    /// The default reads deferred bytes into host memory, for backends without pinned memory.
+    fn staging(&mut self, bytes: &mut [&mut Bytes], file_only: bool) -> Result<(), ServerError> {
+        for b in bytes.iter_mut() {
+            if file_only && b.kind() != crate::bytes::BytesKind::File {
+                continue;
+            }
+            b.materialize()?;
+        }
+        Ok(())
+    }
 
     /// Prepare `stream` for capture: warm-up allocations go to the persistent pool.
     fn graph_prepare(&mut self, stream: StreamId) -> Result<(), ServerError>;

@@ -17,10 +17,10 @@ use compute_core::memory::{
 };
 use compute_core::profile::ProfileToken;
 use compute_core::{
-    Binding, Bytes, BytesKind, ComputeServer, CopyDescriptor, CubeCount, DeviceId,
-    DeviceProperties, ElemType, ExecutionMode, Handle, KernelArguments, MemoryLayout,
-    MemoryLayoutDescriptor, MemoryLayoutPolicy, ProfileDuration, ProfileError, ReduceOperation,
-    ServerError, StreamId, TimingMethod,
+    Binding, Bytes, ComputeServer, CopyDescriptor, CubeCount, DeviceId, DeviceProperties, ElemType,
+    ExecutionMode, Handle, KernelArguments, MemoryLayout, MemoryLayoutDescriptor,
+    MemoryLayoutPolicy, ProfileDuration, ProfileError, ReduceOperation, ServerError, StreamId,
+    TimingMethod,
 };
 use hashbrown::HashMap;
 
@@ -658,16 +658,6 @@ impl ComputeServer for CpuServer {
             Ok(state) => state.memory.reconfigure(config),
             Err(_) => Ok(false),
         }
-    }
-
-    fn staging(&mut self, bytes: &mut [&mut Bytes], file_only: bool) -> Result<(), ServerError> {
-        for b in bytes.iter_mut() {
-            if file_only && b.kind() != BytesKind::File {
-                continue;
-            }
-            b.materialize()?;
-        }
-        Ok(())
     }
 
     fn graph_prepare(&mut self, stream: StreamId) -> Result<(), ServerError> {

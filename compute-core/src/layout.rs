@@ -175,6 +175,71 @@ pub fn allocation_size(shape: &[usize], strides: &[usize], elem_size: usize) -> 
     }
 }
 
+/// Tensors laid out one after the other in a single allocation (`create_tensors` packing).
+#[derive(Debug, Clone)]
+pub struct PackedTensors {
+    total: u64,
+    parts: Vec<(u64, u64, Strides)>,
+}
+
+impl PackedTensors {
+    /// Bytes the whole allocation needs.
+    pub fn total(&self) -> u64 {
+        self.total
+    }
+
+    /// The tensors' layouts over `base`, a handle on [`total`](Self::total) bytes.
+    pub fn layouts(
+        self,
+        base: &Handle,
+        descriptors: &[MemoryLayoutDescriptor],
+    ) -> Vec<MemoryLayout> {
+        let total = self.total;
+        descriptors
+            .iter()
+            .zip(self.parts)
+            .map(|(descriptor, (offset, size, strides))| MemoryLayout {
+                memory: base
+                    .clone()
+                    .offset_start(offset)
+                    .offset_end(total - offset - size),
+                shape: descriptor.shape.clone(),
+                strides,
+                elem_size: descriptor.elem_size,
+            })
+            .collect()
+    }
+}
+
+/// Lay `descriptors` out one after the other, each starting at a multiple of `alignment`.
+/// `Optimized` descriptors get rows pitched to `pitch_alignment` when the backend has one.
+pub fn pack_tensors(
+    descriptors: &[MemoryLayoutDescriptor],
+    alignment: u64,
+    pitch_alignment: Option<usize>,
+) -> Result<PackedTensors, ServerError> {
+    let mut parts = Vec::with_capacity(descriptors.len());
+    let mut total = 0u64;
+    for descriptor in descriptors {
+        if descriptor.elem_size == 0 {
+            return Err(ServerError::InvalidArgument(
+                "tensor with an element size of 0".into(),
+            ));
+        }
+        let strides = match (descriptor.policy, pitch_alignment) {
+            (MemoryLayoutPolicy::Optimized, Some(align)) => {
+                pitched_strides(&descriptor.shape, descriptor.elem_size, align)
+            }
+            _ => contiguous_strides(&descriptor.shape),
+        };
+        let size = allocation_size(&descriptor.shape, &strides, descriptor.elem_size) as u64;
+        total = total.next_multiple_of(alignment.max(1));
+        parts.push((total, size, strides));
+        total += size;
+    }
+    Ok(PackedTensors { total, parts })
+}
+
 /// Check that `strides` describe a row-major layout with unit last stride, as the runtime creates.
 pub fn check_row_major(shape: &[usize], strides: &[usize]) -> Result<(), ServerError> {
     if shape.len() != strides.len() {

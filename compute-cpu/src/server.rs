@@ -10,7 +10,7 @@ use compute_core::future::{DynFut, oneshot};
 use compute_core::graph::GraphId;
 use compute_core::handle::{BufferArgument, HandleOwner, StreamPoint};
 use compute_core::kernel::KernelId;
-use compute_core::layout::{allocation_size, contiguous_strides, for_each_row, pitched_strides};
+use compute_core::layout::{contiguous_strides, for_each_row, pack_tensors};
 use compute_core::memory::{
     MemoryAllocationMode, MemoryDeviceProperties, MemoryManagement, MemoryPoolsConfig, MemoryUsage,
     PoolConfigError,
@@ -18,9 +18,8 @@ use compute_core::memory::{
 use compute_core::profile::ProfileToken;
 use compute_core::{
     Binding, Bytes, ComputeServer, CopyDescriptor, CubeCount, DeviceId, DeviceProperties, ElemType,
-    ExecutionMode, Handle, KernelArguments, MemoryLayout, MemoryLayoutDescriptor,
-    MemoryLayoutPolicy, ProfileDuration, ProfileError, ReduceOperation, ServerError, StreamId,
-    TimingMethod,
+    ExecutionMode, Handle, KernelArguments, MemoryLayout, MemoryLayoutDescriptor, ProfileDuration,
+    ProfileError, ReduceOperation, ServerError, StreamId, TimingMethod,
 };
 use hashbrown::HashMap;
 
@@ -261,15 +260,6 @@ impl CpuServer {
         Ok(plan)
     }
 
-    fn strides_for(&self, descriptor: &MemoryLayoutDescriptor) -> compute_core::Strides {
-        match (descriptor.policy, self.properties.pitch_alignment) {
-            (MemoryLayoutPolicy::Optimized, Some(align)) => {
-                pitched_strides(&descriptor.shape, descriptor.elem_size, align)
-            }
-            _ => contiguous_strides(&descriptor.shape),
-        }
-    }
-
     fn sync_marker(&mut self, stream: StreamId) -> DynFut<Result<(), ServerError>> {
         let (tx, rx) = oneshot();
         let errors = match self.stream(stream) {
@@ -379,62 +369,19 @@ impl ComputeServer for CpuServer {
         descriptors: &[MemoryLayoutDescriptor],
         stream: StreamId,
     ) -> Result<Vec<MemoryLayout>, ServerError> {
-        let mut offsets = Vec::with_capacity(descriptors.len());
-        let mut layouts = Vec::with_capacity(descriptors.len());
-        let mut total = 0u64;
-        for descriptor in descriptors {
-            if descriptor.elem_size == 0 {
-                return Err(ServerError::InvalidArgument(
-                    "tensor with an element size of 0".into(),
-                ));
-            }
-            let strides = self.strides_for(descriptor);
-            let size = allocation_size(&descriptor.shape, &strides, descriptor.elem_size) as u64;
-            total = total.next_multiple_of(CPU_ALIGNMENT);
-            offsets.push((total, size));
-            total += size;
-            layouts.push(strides);
-        }
+        let packed = pack_tensors(descriptors, CPU_ALIGNMENT, self.properties.pitch_alignment)?;
+        let total = packed.total();
         let owner = self.owner;
         let state = self.stream(stream)?;
-        let slice = if state.capture.is_some() {
-            state.memory.reserve_no_alloc(total).ok_or_else(|| {
-                ServerError::Capture(format!(
-                    "allocating {total} bytes would need a fresh allocation; warm up after graph_prepare so the persistent pool holds it"
-                ))
-            })?
-        } else {
-            state.memory.reserve(total)?
-        };
+        let slice = state.memory.reserve_for(total, state.capture.is_some())?;
         let base = Handle::new(slice, total, owner, stream);
-        Ok(descriptors
-            .iter()
-            .zip(offsets)
-            .zip(layouts)
-            .map(|((descriptor, (offset, size)), strides)| MemoryLayout {
-                memory: base
-                    .clone()
-                    .offset_start(offset)
-                    .offset_end(total - offset - size),
-                shape: descriptor.shape.clone(),
-                strides,
-                elem_size: descriptor.elem_size,
-            })
-            .collect())
+        Ok(packed.layouts(&base, descriptors))
     }
 
     fn create_buffer(&mut self, size: u64, stream: StreamId) -> Result<Handle, ServerError> {
         let owner = self.owner;
         let state = self.stream(stream)?;
-        let slice = if state.capture.is_some() {
-            state.memory.reserve_no_alloc(size).ok_or_else(|| {
-                ServerError::Capture(format!(
-                    "allocating {size} bytes would need a fresh allocation; warm up after graph_prepare so the persistent pool holds it"
-                ))
-            })?
-        } else {
-            state.memory.reserve(size)?
-        };
+        let slice = state.memory.reserve_for(size, state.capture.is_some())?;
         Ok(Handle::new(slice, size, owner, stream))
     }
 

@@ -7,7 +7,7 @@ use compute_core::future::DynFut;
 use compute_core::graph::GraphId;
 use compute_core::handle::{HandleOwner, StreamPoint};
 use compute_core::kernel::{BufferLaunchInfo, KernelId, ScalarValue};
-use compute_core::layout::{allocation_size, contiguous_strides, pitched_strides};
+use compute_core::layout::{contiguous_strides, pack_tensors};
 use compute_core::memory::{
     MemoryAllocationMode, MemoryManagement, MemoryPoolsConfig, MemoryUsage, PoolConfigError,
 };
@@ -15,8 +15,8 @@ use compute_core::profile::ProfileToken;
 use compute_core::{
     Binding, Bytes, BytesKind, ComputeServer, CopyDescriptor, CubeCount, DeviceId,
     DeviceProperties, ElemType, ExecutionMode, Handle, KernelArguments, MemoryLayout,
-    MemoryLayoutDescriptor, MemoryLayoutPolicy, ProfileDuration, ProfileError, ReduceOperation,
-    ServerError, StreamId, TimingMethod,
+    MemoryLayoutDescriptor, ProfileDuration, ProfileError, ReduceOperation, ServerError, StreamId,
+    TimingMethod,
 };
 use cudarc::driver::{result, sys};
 use hashbrown::HashMap;
@@ -411,15 +411,6 @@ impl CudaServer {
         state.hold(&mut self.events, extra)
     }
 
-    fn strides_for(&self, descriptor: &MemoryLayoutDescriptor) -> compute_core::Strides {
-        match (descriptor.policy, self.properties.pitch_alignment) {
-            (MemoryLayoutPolicy::Optimized, Some(align)) => {
-                pitched_strides(&descriptor.shape, descriptor.elem_size, align)
-            }
-            _ => contiguous_strides(&descriptor.shape),
-        }
-    }
-
     fn compiled(
         &mut self,
         kernel: &CudaKernel,
@@ -697,48 +688,13 @@ impl ComputeServer for CudaServer {
         descriptors: &[MemoryLayoutDescriptor],
         stream: StreamId,
     ) -> Result<Vec<MemoryLayout>, ServerError> {
-        let mut offsets = Vec::with_capacity(descriptors.len());
-        let mut layouts = Vec::with_capacity(descriptors.len());
-        let mut total = 0u64;
-        for descriptor in descriptors {
-            if descriptor.elem_size == 0 {
-                return Err(ServerError::InvalidArgument(
-                    "tensor with an element size of 0".into(),
-                ));
-            }
-            let strides = self.strides_for(descriptor);
-            let size = allocation_size(&descriptor.shape, &strides, descriptor.elem_size) as u64;
-            total = total.next_multiple_of(CUDA_ALIGNMENT);
-            offsets.push((total, size));
-            total += size;
-            layouts.push(strides);
-        }
+        let packed = pack_tensors(descriptors, CUDA_ALIGNMENT, self.properties.pitch_alignment)?;
+        let total = packed.total();
         let owner = self.owner;
         let state = self.stream(stream)?;
-        let slice = if state.capture.is_some() {
-            state.memory.reserve_no_alloc(total).ok_or_else(|| {
-                ServerError::Capture(format!(
-                    "allocating {total} bytes would need a fresh allocation; warm up after graph_prepare so the persistent pool holds it"
-                ))
-            })?
-        } else {
-            state.memory.reserve(total)?
-        };
+        let slice = state.memory.reserve_for(total, state.capture.is_some())?;
         let base = Handle::new(slice, total, owner, stream);
-        Ok(descriptors
-            .iter()
-            .zip(offsets)
-            .zip(layouts)
-            .map(|((descriptor, (offset, size)), strides)| MemoryLayout {
-                memory: base
-                    .clone()
-                    .offset_start(offset)
-                    .offset_end(total - offset - size),
-                shape: descriptor.shape.clone(),
-                strides,
-                elem_size: descriptor.elem_size,
-            })
-            .collect())
+        Ok(packed.layouts(&base, descriptors))
     }
 
     fn write(
@@ -1247,7 +1203,7 @@ mod tests {
 
     #[test]
     fn pitched_tensors_are_one_2d_copy() {
-        let strides = pitched_strides(&[2, 3, 5], 4, 128);
+        let strides = compute_core::layout::pitched_strides(&[2, 3, 5], 4, 128);
         let blocks = row_blocks(&[2, 3, 5], &strides, 4);
         assert_eq!(blocks.len(), 1);
         let b = &blocks[0];

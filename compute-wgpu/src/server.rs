@@ -14,7 +14,7 @@ use compute_core::future::{DynFut, oneshot};
 use compute_core::graph::GraphId;
 use compute_core::handle::{BufferArgument, HandleOwner};
 use compute_core::kernel::{BufferLaunchInfo, KernelId, ScalarValue};
-use compute_core::layout::{allocation_size, contiguous_strides, for_each_row};
+use compute_core::layout::{contiguous_strides, for_each_row, pack_tensors};
 use compute_core::memory::{
     MemoryAllocationMode, MemoryDeviceProperties, MemoryManagement, MemoryPoolsConfig, MemoryUsage,
     PoolConfigError,
@@ -671,20 +671,8 @@ impl ComputeServer for WgpuServer {
         descriptors: &[MemoryLayoutDescriptor],
         stream: StreamId,
     ) -> Result<Vec<MemoryLayout>, ServerError> {
-        let mut offsets = Vec::with_capacity(descriptors.len());
-        let mut total = 0u64;
-        for descriptor in descriptors {
-            if descriptor.elem_size == 0 {
-                return Err(ServerError::InvalidArgument(
-                    "tensor with an element size of 0".into(),
-                ));
-            }
-            let strides = contiguous_strides(&descriptor.shape);
-            let size = allocation_size(&descriptor.shape, &strides, descriptor.elem_size) as u64;
-            total = total.next_multiple_of(self.alignment);
-            offsets.push((total, size, strides));
-            total += size;
-        }
+        let packed = pack_tensors(descriptors, self.alignment, None)?;
+        let total = packed.total();
         let bindable = self.info.limits.max_storage_buffer_binding_size;
         if total > bindable {
             return Err(ServerError::OutOfMemory {
@@ -697,29 +685,9 @@ impl ComputeServer for WgpuServer {
         }
         let owner = self.owner;
         let state = self.stream(stream)?;
-        let slice = if state.capture.is_some() {
-            state.memory.reserve_no_alloc(total).ok_or_else(|| {
-                ServerError::Capture(format!(
-                    "allocating {total} bytes would need a fresh allocation; warm up after graph_prepare so the persistent pool holds it"
-                ))
-            })?
-        } else {
-            state.memory.reserve(total)?
-        };
+        let slice = state.memory.reserve_for(total, state.capture.is_some())?;
         let base = Handle::new(slice, total, owner, stream);
-        Ok(descriptors
-            .iter()
-            .zip(offsets)
-            .map(|(descriptor, (offset, size, strides))| MemoryLayout {
-                memory: base
-                    .clone()
-                    .offset_start(offset)
-                    .offset_end(total - offset - size),
-                shape: descriptor.shape.clone(),
-                strides,
-                elem_size: descriptor.elem_size,
-            })
-            .collect())
+        Ok(packed.layouts(&base, descriptors))
     }
 
     fn write(

@@ -219,6 +219,20 @@ impl<S: ComputeStorage> MemoryManagement<S> {
         }
     }
 
+    /// [`reserve`](Self::reserve), or, while a graph capture runs on the stream (`capturing`),
+    /// [`reserve_no_alloc`](Self::reserve_no_alloc) with a [`ServerError::Capture`] when the
+    /// request would need a fresh driver allocation.
+    pub fn reserve_for(&mut self, size: u64, capturing: bool) -> Result<SliceHandle, ServerError> {
+        if !capturing {
+            return self.reserve(size);
+        }
+        self.reserve_no_alloc(size).ok_or_else(|| {
+            ServerError::Capture(format!(
+                "allocating {size} bytes would need a fresh allocation; warm up after graph_prepare so the persistent pool holds it"
+            ))
+        })
+    }
+
     /// Reserve a slice like [`reserve`](Self::reserve), but only from memory already held: never
     /// calls the storage (neither to allocate nor to release).
     ///

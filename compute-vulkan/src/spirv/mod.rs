@@ -1,0 +1,99 @@
+//! IR -> SPIR-V: the Vulkan backend's kernel compiler.
+//!
+//! # Argument contract (shared by the compiler and the server)
+//!
+//! Descriptor set 0 holds one storage buffer per buffer parameter, binding `k` for parameter `k`,
+//! and, when [`SpirvKernel::uses_info`] is set, the read-only *info* buffer (a runtime array of
+//! `u32`) at binding [`SpirvKernel::info_binding`].
+//!
+//! The *argument words* are, in order:
+//! - the scalar parameters, one word each, 64-bit ones as two words (low word first) starting at
+//!   an even word index ([`ArgLayout::scalar_words`]);
+//! - per buffer parameter `k`, two words at [`ArgLayout::buffer_words`]`[k]`: the offset of the
+//!   bound range inside the descriptor's range, in items (descriptors start at a multiple of
+//!   `minStorageBufferOffsetAlignment`), and the length of the bound range in items (saturated to
+//!   `u32::MAX`).
+//!
+//! They live in the push-constant block (offset 0, [`ArgLayout::words`] x 4 bytes) when
+//! [`ArgLayout::in_push_constants`]; otherwise at word 0 of the info buffer.
+//!
+//! After the argument words (at word [`ArgLayout::info_header_word`] of the info buffer, which is 0
+//! when the arguments are push constants) come two words per buffer: the rank of its tensor
+//! metadata (0 without) and the word index of that metadata in the info buffer; the metadata of a
+//! buffer is `shape[rank]` then `strides[rank]`, one `u32` word each.
+//!
+//! Workgroup size is the kernel's cube dim (`LocalSize` execution mode); cube counts come from the
+//! `NumWorkgroups` builtin, so indirect dispatches work unchanged.
+
+mod emit;
+
+pub use emit::compile;
+
+/// What the device offers that kernels may use (from `VkPhysicalDeviceFeatures2`, the Vulkan
+/// 1.1/1.2 feature structs, subgroup properties and extensions).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct SpirvCaps {
+    /// SPIR-V version the device consumes, as `(major, minor)`: 1.3 for Vulkan 1.1, 1.5 for 1.2,
+    /// 1.6 for 1.3.
+    pub version: (u8, u8),
+    /// `shaderFloat16` (arithmetic on f16).
+    pub float16: bool,
+    /// `shaderFloat64`.
+    pub float64: bool,
+    /// `shaderInt8` (arithmetic on 8-bit integers).
+    pub int8: bool,
+    /// `shaderInt16`.
+    pub int16: bool,
+    /// `shaderInt64`.
+    pub int64: bool,
+    /// `storageBuffer8BitAccess`.
+    pub storage8: bool,
+    /// `storageBuffer16BitAccess`.
+    pub storage16: bool,
+    /// Subgroup basic + arithmetic + ballot + shuffle operations in the compute stage.
+    pub subgroups: bool,
+    /// `shaderBufferInt64Atomics`.
+    pub int64_atomics_buffer: bool,
+    /// `shaderSharedInt64Atomics`.
+    pub int64_atomics_shared: bool,
+    /// `shaderBufferFloat32AtomicAdd` (VK_EXT_shader_atomic_float).
+    pub float32_atomic_add_buffer: bool,
+    /// `shaderSharedFloat32AtomicAdd`.
+    pub float32_atomic_add_shared: bool,
+    /// `maxPushConstantsSize` in bytes.
+    pub max_push_constant_bytes: u32,
+}
+
+/// Where a compiled kernel reads its launch arguments (see the module docs).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ArgLayout {
+    /// Word index of each scalar parameter in the argument words.
+    pub scalar_words: Vec<u32>,
+    /// Word index of each buffer's (offset, length) pair in the argument words.
+    pub buffer_words: Vec<u32>,
+    /// Number of argument words.
+    pub words: u32,
+    /// Whether the argument words are the push-constant block (else the start of the info buffer).
+    pub in_push_constants: bool,
+    /// Word index in the info buffer of the first (rank, metadata offset) pair.
+    pub info_header_word: u32,
+}
+
+/// A kernel compiled to SPIR-V.
+#[derive(Debug, Clone)]
+pub struct SpirvKernel {
+    /// The module, entry point `main`.
+    pub words: Vec<u32>,
+    /// The argument layout the module reads.
+    pub args: ArgLayout,
+    /// Whether the module reads the info buffer (tensor metadata, or arguments that did not fit
+    /// the push constants). When false the pipeline layout has no info binding.
+    pub uses_info: bool,
+    /// Binding of the info buffer (the number of buffer parameters).
+    pub info_binding: u32,
+    /// Size in bytes of one item of each buffer parameter.
+    pub buffer_item_sizes: Vec<u64>,
+    /// Bytes of the push-constant block (0 when the arguments live in the info buffer or there are
+    /// none).
+    pub push_constant_bytes: u32,
+}

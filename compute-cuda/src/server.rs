@@ -33,28 +33,26 @@ use crate::stream::{EventPool, GraphExec, KeepAlive, StreamState};
 /// Writes up to this size go straight from pageable memory (the driver stages them at once).
 const PAGEABLE_DIRECT: usize = 256 << 10;
 
-/// Size of the pinned chunks large pageable writes are staged through.
-const STAGING_CHUNK: usize = 32 << 20;
+/// Size of the pinned chunks a pageable write of `len` bytes is staged through: about a quarter of
+/// the write (so the host copy of one chunk overlaps the DMA of the one before), 1 to 16 MiB.
+fn staging_chunk(len: usize) -> usize {
+    (len / 4).clamp(1 << 20, 16 << 20).next_multiple_of(4096)
+}
 
-/// `dst.copy_from_slice(src)`, spread over a few threads for large buffers (one thread's memcpy
-/// is well below the PCIe/NVLink-C2C bandwidth).
+/// `dst.copy_from_slice(src)`, spread over the rayon pool in pieces of at least 256 KiB: one
+/// thread's memcpy is far below the PCIe / NVLink-C2C bandwidth a pinned copy reaches.
 fn parallel_copy(dst: &mut [u8], src: &[u8]) {
-    const MIN_PER_THREAD: usize = 4 << 20;
-    let threads = std::thread::available_parallelism()
-        .map_or(1, |n| n.get())
-        .min(8)
-        .min(src.len() / MIN_PER_THREAD)
-        .max(1);
-    if threads == 1 {
+    use rayon::prelude::*;
+    const PIECE: usize = 256 << 10;
+    if src.len() <= PIECE {
         dst.copy_from_slice(src);
         return;
     }
-    let part = src.len().div_ceil(threads);
-    std::thread::scope(|scope| {
-        for (d, s) in dst.chunks_mut(part).zip(src.chunks(part)) {
-            scope.spawn(move || d.copy_from_slice(s));
-        }
-    });
+    let threads = rayon::current_num_threads().max(1);
+    let piece = src.len().div_ceil(threads).max(PIECE).next_multiple_of(64);
+    dst.par_chunks_mut(piece)
+        .zip(src.par_chunks(piece))
+        .for_each(|(d, s)| d.copy_from_slice(s));
 }
 
 /// Backend information of a CUDA server.
@@ -497,11 +495,12 @@ impl CudaServer {
             // Large pageable writes: staged chunk by chunk, so the host copy of one chunk overlaps
             // the DMA of the previous one.
             let src = bytes.try_as_slice()?;
-            for (i, piece) in src.chunks(STAGING_CHUNK).enumerate() {
+            let chunk = staging_chunk(src.len());
+            for (i, piece) in src.chunks(chunk).enumerate() {
                 let mut staging = self.pinned.take(piece.len())?;
                 parallel_copy(compute_core::HostBuffer::as_bytes_mut(&mut staging), piece);
                 let staged = compute_core::HostBuffer::as_bytes(&staging);
-                let offset = (i * STAGING_CHUNK) as u64;
+                let offset = (i * chunk) as u64;
                 // SAFETY: `staged` is pinned and kept alive until the copy completed; the chunk
                 // lies inside `target` (validated).
                 unsafe { result::memcpy_htod_async(target.ptr + offset, staged, raw.0) }
@@ -945,7 +944,14 @@ impl ComputeServer for CudaServer {
 
     fn begin_capture(&mut self, stream: StreamId) -> Result<(), ServerError> {
         self.ensure_not_capturing(stream, "start_capture")?;
-        let state = self.stream(stream)?;
+        self.stream(stream)?;
+        let events = &mut self.events;
+        let state = self
+            .streams
+            .get_mut(&stream)
+            .unwrap_or_else(|| unreachable!("created by `stream` just above"));
+        // What earlier commands keep alive gets its event before the capture starts.
+        state.seal(events)?;
         // SAFETY: the stream is alive and not capturing.
         unsafe {
             result::stream::begin_capture(

@@ -77,6 +77,28 @@ pub(crate) struct StreamState {
     pub(crate) pending: VecDeque<(Raw<sys::CUevent>, Vec<KeepAlive>)>,
     /// While capturing: what the graph being recorded uses.
     pub(crate) capture: Option<Vec<Binding>>,
+    /// Kept-alive items of recent commands not yet covered by an event: one event is recorded per
+    /// [`HOLD_BATCH`] items or [`HOLD_BATCH_BYTES`] bytes (or at the next idle wait), so a loop
+    /// of small pinned writes does not pay an event record each.
+    open: Vec<KeepAlive>,
+    open_bytes: usize,
+}
+
+/// Items kept alive per recorded event, at most.
+const HOLD_BATCH: usize = 32;
+/// Bytes kept alive without an event, at most.
+const HOLD_BATCH_BYTES: usize = 64 << 20;
+
+impl KeepAlive {
+    /// Host or device bytes the item keeps alive (for the batching bound).
+    fn bytes(&self) -> usize {
+        match self {
+            KeepAlive::Binding(b) => usize::try_from(b.size()).unwrap_or(usize::MAX),
+            KeepAlive::Bytes(b) => b.len(),
+            KeepAlive::Pinned(p) => compute_core::HostBuffer::as_bytes(p).len(),
+            KeepAlive::Graph(_) => 0,
+        }
+    }
 }
 
 impl StreamState {
@@ -90,6 +112,8 @@ impl StreamState {
             marker: None,
             pending: VecDeque::new(),
             capture: None,
+            open: Vec::new(),
+            open_bytes: 0,
         })
     }
 
@@ -118,10 +142,34 @@ impl StreamState {
         if keep.is_empty() {
             return Ok(());
         }
+        self.open_bytes = keep
+            .iter()
+            .fold(self.open_bytes, |sum, k| sum.saturating_add(k.bytes()));
+        self.open.extend(keep);
+        // An event recorded while capturing would become a graph node: seal after the capture.
+        if self.capture.is_none()
+            && (self.open.len() >= HOLD_BATCH || self.open_bytes >= HOLD_BATCH_BYTES)
+        {
+            self.seal(events)?;
+        }
+        Ok(())
+    }
+
+    /// Record one event covering every open item.
+    pub(crate) fn seal(&mut self, events: &mut EventPool) -> Result<(), ServerError> {
+        if self.open.is_empty() {
+            return Ok(());
+        }
         let event = events.take()?;
         // SAFETY: the event and the stream are alive.
-        unsafe { result::event::record(event.0, self.raw.0) }.check("cuEventRecord")?;
-        self.pending.push_back((event, keep));
+        if let Err(e) = unsafe { result::event::record(event.0, self.raw.0) }.check("cuEventRecord")
+        {
+            events.give(event);
+            return Err(e);
+        }
+        self.open_bytes = 0;
+        self.pending
+            .push_back((event, core::mem::take(&mut self.open)));
         Ok(())
     }
 
@@ -134,6 +182,10 @@ impl StreamState {
             drop(keep);
             events.give(event);
         }
+        if outcome.is_ok() {
+            self.open.clear();
+            self.open_bytes = 0;
+        }
         outcome
     }
 }
@@ -142,6 +194,7 @@ impl Drop for StreamState {
     fn drop(&mut self) {
         // SAFETY: the stream is alive; nothing is enqueued on it after this.
         let _ = unsafe { result::stream::synchronize(self.raw.0) };
+        self.open.clear();
         for (event, keep) in self.pending.drain(..) {
             drop(keep);
             // SAFETY: completed (the stream is idle) and owned by the queue.

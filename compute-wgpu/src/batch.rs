@@ -41,7 +41,7 @@ pub(crate) enum DispatchCount {
     Dynamic { buffer: wgpu::Buffer, offset: u64 },
 }
 
-/// A launch with every argument resolved: run now, or kept in a graph and replayed.
+/// A launch kept by a graph and replayed: every argument resolved, owning its info words.
 #[derive(Debug)]
 pub(crate) struct Dispatch {
     pub(crate) pipeline: Arc<Pipeline>,
@@ -52,18 +52,28 @@ pub(crate) struct Dispatch {
     pub(crate) _bindings: Vec<Binding>,
 }
 
-impl Dispatch {
-    /// Bytes the info binding of this launch spans: a power of two, so that launches of one
-    /// kernel with slightly different metadata share bind groups.
-    fn info_size(&self) -> u64 {
-        ((self.info.len() * 4) as u64).next_power_of_two().max(16)
-    }
+/// Bytes the info binding of a launch with `words` info words spans: a power of two, so that
+/// launches of one kernel with slightly different metadata share bind groups.
+fn info_size(words: usize) -> u64 {
+    ((words * 4) as u64).next_power_of_two().max(16)
+}
+
+/// A launch recorded in a [`Batch`]: its info words and bound buffers are ranges of the batch's
+/// arenas, so recording a launch allocates nothing once the arenas have grown.
+#[derive(Debug, Clone)]
+pub(crate) struct Launch {
+    pub(crate) pipeline: Arc<Pipeline>,
+    /// Start and length of the launch's info in [`Batch::words`].
+    pub(crate) words: (u32, u32),
+    /// Start and length of the launch's buffers in [`Batch::buffers`].
+    pub(crate) buffers: (u32, u32),
+    pub(crate) count: DispatchCount,
 }
 
 /// One recorded device command.
 #[derive(Debug, Clone)]
 pub(crate) enum Command {
-    Dispatch(Arc<Dispatch>),
+    Dispatch(Launch),
     Copy {
         src: wgpu::Buffer,
         src_offset: u64,
@@ -80,6 +90,80 @@ pub(crate) enum Command {
         count: u32,
         dst: wgpu::Buffer,
     },
+}
+
+/// The commands recorded since the last submission, with the arenas their launches point into.
+/// Cleared (not freed) after each submission.
+#[derive(Debug, Default)]
+pub(crate) struct Batch {
+    pub(crate) commands: Vec<Command>,
+    /// Info words of every launch of the batch, back to back.
+    pub(crate) words: Vec<u32>,
+    /// Bound buffers of every launch of the batch, back to back.
+    pub(crate) buffers: Vec<BoundBuffer>,
+    /// Launches recorded.
+    pub(crate) dispatches: usize,
+    /// Launches recorded whose cube count is read from a buffer.
+    pub(crate) indirect: usize,
+}
+
+fn range(r: (u32, u32)) -> core::ops::Range<usize> {
+    r.0 as usize..(r.0 + r.1) as usize
+}
+
+impl Batch {
+    /// Whether nothing was recorded.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.commands.is_empty()
+    }
+
+    /// Forget every command, keeping the allocations.
+    pub(crate) fn clear(&mut self) {
+        self.commands.clear();
+        self.words.clear();
+        self.buffers.clear();
+        self.dispatches = 0;
+        self.indirect = 0;
+    }
+
+    /// Record a launch whose info words and buffers were appended to the arenas from `words`
+    /// and `buffers` on.
+    pub(crate) fn push_launch(
+        &mut self,
+        pipeline: Arc<Pipeline>,
+        words: usize,
+        buffers: usize,
+        count: DispatchCount,
+    ) {
+        if matches!(count, DispatchCount::Dynamic { .. }) {
+            self.indirect += 1;
+        }
+        self.dispatches += 1;
+        self.commands.push(Command::Dispatch(Launch {
+            pipeline,
+            words: (words as u32, (self.words.len() - words) as u32),
+            buffers: (buffers as u32, (self.buffers.len() - buffers) as u32),
+            count,
+        }));
+    }
+
+    /// Record a launch a graph holds.
+    pub(crate) fn push_dispatch(&mut self, d: &Dispatch) {
+        let (words, buffers) = (self.words.len(), self.buffers.len());
+        self.words.extend_from_slice(&d.info);
+        self.buffers.extend_from_slice(&d.buffers);
+        self.push_launch(d.pipeline.clone(), words, buffers, d.count.clone());
+    }
+
+    /// The info words of `launch`.
+    pub(crate) fn info(&self, launch: &Launch) -> &[u32] {
+        &self.words[range(launch.words)]
+    }
+
+    /// The bound buffers of `launch`.
+    pub(crate) fn bound(&self, launch: &Launch) -> &[BoundBuffer] {
+        &self.buffers[range(launch.buffers)]
+    }
 }
 
 /// Bytes of one indirect dispatch slot.
@@ -189,27 +273,28 @@ impl Encoder {
             .retain(|key, _| !key.buffers.iter().any(|b| freed.contains(&b.buffer)));
     }
 
-    /// Write the info of every launch of `commands` into the info buffer (through
+    /// Write the info of every launch of `batch` into the info buffer (through
     /// `queue.write_buffer`, so before the submission that follows and after the ones before) and
     /// record where each launch's info starts in `self.offsets`.
-    fn write_info(&mut self, device: &wgpu::Device, queue: &wgpu::Queue, commands: &[Command]) {
+    fn write_info(&mut self, device: &wgpu::Device, queue: &wgpu::Queue, batch: &Batch) {
         self.offsets.clear();
         let mut total = 0u64;
-        let mut last: Option<&Dispatch> = None;
-        for command in commands {
+        let mut last: Option<&[u32]> = None;
+        for command in &batch.commands {
             let Command::Dispatch(d) = command else {
                 continue;
             };
-            let reuse = last.is_some_and(|p| p.info == d.info && p.info_size() == d.info_size());
-            if !reuse {
-                let offset = total.next_multiple_of(self.alignment);
-                total = offset + d.info_size();
-                self.offsets.push(offset as u32);
-            } else {
+            let info = batch.info(d);
+            // A launch with the info of the launch before it shares its slot (and its size).
+            if last == Some(info) {
                 let offset = self.offsets.last().copied().unwrap_or(0);
                 self.offsets.push(offset);
+            } else {
+                let offset = total.next_multiple_of(self.alignment);
+                total = offset + info_size(info.len());
+                self.offsets.push(offset as u32);
             }
-            last = Some(d);
+            last = Some(info);
         }
         if total > self.info.size() {
             let size = total.next_power_of_two().max(2 * self.info.size());
@@ -221,12 +306,18 @@ impl Encoder {
         self.scratch.clear();
         self.scratch.resize(n, 0);
         let mut k = 0;
-        for command in commands {
+        let mut written = None;
+        for command in &batch.commands {
             if let Command::Dispatch(d) = command {
-                let start = self.offsets[k] as usize;
-                let bytes: &[u8] = bytemuck::cast_slice(&d.info);
-                self.scratch[start..start + bytes.len()].copy_from_slice(bytes);
+                let start = self.offsets[k];
                 k += 1;
+                if written == Some(start) {
+                    continue;
+                }
+                written = Some(start);
+                let bytes: &[u8] = bytemuck::cast_slice(batch.info(d));
+                let start = start as usize;
+                self.scratch[start..start + bytes.len()].copy_from_slice(bytes);
             }
         }
         // Only the bytes that differ from what the buffer holds are written.
@@ -256,18 +347,24 @@ impl Encoder {
         }
     }
 
-    /// The bind group of launch `d`, from the cache or created.
-    fn group(&mut self, device: &wgpu::Device, d: &Dispatch) -> wgpu::BindGroup {
+    /// The bind group of a launch of `pipeline` binding `buffers` and `info_size` bytes of info,
+    /// from the cache or created.
+    fn group(
+        &mut self,
+        device: &wgpu::Device,
+        pipeline: &Pipeline,
+        buffers: &[BoundBuffer],
+        info_size: u64,
+    ) -> wgpu::BindGroup {
         let key = GroupKeyRef {
-            pipeline: d.pipeline.id,
-            info_size: d.info_size(),
-            buffers: &d.buffers,
+            pipeline: pipeline.id,
+            info_size,
+            buffers,
         };
         if let Some(group) = self.groups.get(&key) {
             return group.clone();
         }
-        let mut entries: Vec<wgpu::BindGroupEntry<'_>> = d
-            .buffers
+        let mut entries: Vec<wgpu::BindGroupEntry<'_>> = buffers
             .iter()
             .enumerate()
             .map(|(i, b)| wgpu::BindGroupEntry {
@@ -280,16 +377,16 @@ impl Encoder {
             })
             .collect();
         entries.push(wgpu::BindGroupEntry {
-            binding: d.buffers.len() as u32,
+            binding: buffers.len() as u32,
             resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
                 buffer: &self.info,
                 offset: 0,
-                size: wgpu::BufferSize::new(d.info_size()),
+                size: wgpu::BufferSize::new(info_size),
             }),
         });
         let group = device.create_bind_group(&wgpu::BindGroupDescriptor {
-            label: Some(&d.pipeline.name),
-            layout: &d.pipeline.layout,
+            label: Some(&pipeline.name),
+            layout: &pipeline.layout,
             entries: &entries,
         });
         if self.groups.len() >= MAX_CACHED_GROUPS {
@@ -297,51 +394,29 @@ impl Encoder {
         }
         self.groups.insert(
             GroupKey {
-                pipeline: d.pipeline.id,
-                info_size: d.info_size(),
-                buffers: d.buffers.clone().into_boxed_slice(),
+                pipeline: pipeline.id,
+                info_size,
+                buffers: buffers.into(),
             },
             group.clone(),
         );
         group
     }
 
-    /// Encode `commands` into one command buffer; the launch info is written to the queue first,
+    /// Encode `batch` into one command buffer; the launch info is written to the queue first,
     /// so the command buffer must be the next one submitted.
     pub(crate) fn encode(
         &mut self,
         device: &wgpu::Device,
         queue: &wgpu::Queue,
-        commands: &[Command],
+        batch: &Batch,
     ) -> Result<wgpu::CommandBuffer, ServerError> {
         self.prune();
-        self.write_info(device, queue, commands);
-        let mut groups: Vec<wgpu::BindGroup> = Vec::with_capacity(self.offsets.len());
-        let mut indirect_count = 0u64;
-        let mut last: Option<&Dispatch> = None;
-        for command in commands {
-            if let Command::Dispatch(d) = command {
-                // A launch binding what the one before it bound shares its group (no lookup).
-                let same = last.is_some_and(|p| {
-                    p.pipeline.id == d.pipeline.id
-                        && p.info_size() == d.info_size()
-                        && p.buffers == d.buffers
-                });
-                let group = match (same, groups.last()) {
-                    (true, Some(group)) => group.clone(),
-                    _ => self.group(device, d),
-                };
-                groups.push(group);
-                last = Some(d);
-                if matches!(d.count, DispatchCount::Dynamic { .. }) {
-                    indirect_count += 1;
-                }
-            }
-        }
-        let indirect = (indirect_count > 0).then(|| {
+        self.write_info(device, queue, batch);
+        let indirect = (batch.indirect > 0).then(|| {
             device.create_buffer(&wgpu::BufferDescriptor {
                 label: Some("compute-wgpu indirect counts"),
-                size: indirect_count * INDIRECT_SLOT,
+                size: batch.indirect as u64 * INDIRECT_SLOT,
                 usage: wgpu::BufferUsages::INDIRECT | wgpu::BufferUsages::COPY_DST,
                 mapped_at_creation: false,
             })
@@ -351,14 +426,31 @@ impl Encoder {
             label: Some("compute-wgpu batch"),
         });
         let mut pass: Option<wgpu::ComputePass<'static>> = None;
-        // What the open pass has bound: pipeline id, bind group index, info offset.
+        // What the open pass has bound: pipeline id, and bind group with its info offset.
         let mut bound_pipeline = None;
-        let mut bound_group = None;
+        let mut bound_group: Option<(wgpu::BindGroup, u32)> = None;
+        // The group of the launch before (pipeline id, buffers, info size): a launch binding
+        // what it bound shares its group without a cache lookup.
+        let mut last: Option<(u64, &[BoundBuffer], u64, wgpu::BindGroup)> = None;
         let mut k = 0;
         let mut slot = 0u64;
-        for command in commands {
+        for command in &batch.commands {
             match command {
                 Command::Dispatch(d) => {
+                    let buffers = batch.bound(d);
+                    let size = info_size(d.words.1 as usize);
+                    let group = match &last {
+                        Some((id, b, s, group))
+                            if *id == d.pipeline.id && *s == size && *b == buffers =>
+                        {
+                            group.clone()
+                        }
+                        _ => {
+                            let group = self.group(device, &d.pipeline, buffers, size);
+                            last = Some((d.pipeline.id, buffers, size, group.clone()));
+                            group
+                        }
+                    };
                     if let DispatchCount::Dynamic { buffer, offset } = &d.count
                         && let Some(indirect) = &indirect
                     {
@@ -389,10 +481,11 @@ impl Encoder {
                     }
                     let offset = self.offsets[k];
                     let same_group = bound_group
-                        .is_some_and(|(g, o): (usize, u32)| o == offset && groups[g] == groups[k]);
+                        .as_ref()
+                        .is_some_and(|(g, o)| *o == offset && *g == group);
                     if !same_group {
-                        p.set_bind_group(0, &groups[k], &[offset]);
-                        bound_group = Some((k, offset));
+                        p.set_bind_group(0, &group, &[offset]);
+                        bound_group = Some((group, offset));
                     }
                     match (&d.count, &indirect) {
                         (DispatchCount::Static([x, y, z]), _) => p.dispatch_workgroups(*x, *y, *z),

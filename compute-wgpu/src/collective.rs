@@ -6,6 +6,7 @@
 //! work on the server that touches that output waits for it.
 
 use std::collections::{BTreeSet, VecDeque};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Condvar, Mutex};
 
@@ -43,6 +44,8 @@ enum Job {
 #[derive(Default)]
 struct Pending {
     slices: Mutex<HashMap<SliceId, u32>>,
+    /// Rounds queued and not yet released: lets `wait_for` skip the lock when none is.
+    count: AtomicUsize,
     done: Condvar,
 }
 
@@ -76,6 +79,11 @@ impl Collectives {
 
     /// Block until no pending round writes `slice`.
     pub(crate) fn wait_for(&self, slice: SliceId) {
+        // Rounds are counted on the server's thread (in `submit`) before any later call can
+        // reach here, so a zero count means no round is pending for any slice.
+        if self.pending.count.load(Ordering::Acquire) == 0 {
+            return;
+        }
         let mut slices = self
             .pending
             .slices
@@ -120,6 +128,7 @@ impl Collectives {
             .unwrap_or_else(|p| p.into_inner())
             .entry(slice)
             .or_insert(0) += 1;
+        self.pending.count.fetch_add(1, Ordering::AcqRel);
         let sent = self.worker(queue)?.send(Job::Round(Box::new(round)));
         if sent.is_err() {
             release(&self.pending, slice);
@@ -160,6 +169,7 @@ fn release(pending: &Pending, slice: SliceId) {
         if *n == 0 {
             slices.remove(&slice);
         }
+        pending.count.fetch_sub(1, Ordering::AcqRel);
     }
     pending.done.notify_all();
 }

@@ -4,8 +4,8 @@
 use std::sync::mpsc;
 use std::thread::JoinHandle;
 
-use compute_core::ServerError;
 use compute_core::future::Sender;
+use compute_core::{Bytes, ServerError};
 
 use crate::server::ErrorQueue;
 
@@ -15,6 +15,9 @@ enum Job {
         wgpu::SubmissionIndex,
         Option<Sender<Result<(), ServerError>>>,
     ),
+    /// Host bytes a write has copied out of: freed here, off the caller's thread (returning a
+    /// large allocation to the system costs about as much as copying it).
+    Release(Bytes),
 }
 
 /// A thread that blocks in `device.poll` for the submissions it is given.
@@ -41,6 +44,14 @@ impl Poller {
         })
     }
 
+    /// Free `bytes` on the poll thread (after any wait queued before).
+    pub(crate) fn release(&self, bytes: Bytes) {
+        if let Some(sender) = &self.sender {
+            // A stopped thread hands the bytes back in the error: they are dropped here then.
+            let _ = sender.send(Job::Release(bytes));
+        }
+    }
+
     /// Poll until `index` has completed; then send the outcome to `done`, if given.
     pub(crate) fn wait(
         &self,
@@ -59,7 +70,14 @@ impl Poller {
 }
 
 fn run(device: wgpu::Device, receiver: mpsc::Receiver<Job>, errors: ErrorQueue) {
-    while let Ok(Job::Wait(index, done)) = receiver.recv() {
+    while let Ok(job) = receiver.recv() {
+        let (index, done) = match job {
+            Job::Wait(index, done) => (index, done),
+            Job::Release(bytes) => {
+                drop(bytes);
+                continue;
+            }
+        };
         let outcome = device
             .poll(wgpu::PollType::Wait {
                 submission_index: Some(index),

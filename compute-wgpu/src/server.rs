@@ -17,7 +17,7 @@ use compute_core::kernel::{BufferLaunchInfo, KernelId, ScalarValue};
 use compute_core::layout::{contiguous_strides, for_each_row, pack_tensors};
 use compute_core::memory::{
     MemoryAllocationMode, MemoryDeviceProperties, MemoryManagement, MemoryPoolsConfig, MemoryUsage,
-    PoolConfigError,
+    PoolConfigError, SliceId,
 };
 use compute_core::profile::ProfileToken;
 use compute_core::{
@@ -29,7 +29,7 @@ use compute_core::{
 use hashbrown::HashMap;
 
 use crate::batch::{
-    BoundBuffer, Command, Dispatch, DispatchCount, Encoder, FreedBuffers, Pipeline,
+    Batch, BoundBuffer, Command, Dispatch, DispatchCount, Encoder, FreedBuffers, Pipeline,
 };
 use crate::collective::{Collectives, Round};
 use crate::compiler::{self, HEADER_WORDS, ShaderCapabilities};
@@ -42,28 +42,100 @@ use crate::storage::{WgpuResource, WgpuStorage};
 /// the next flush, sync or read.
 pub(crate) type ErrorQueue = Arc<spin::Mutex<VecDeque<ServerError>>>;
 
-/// Launches recorded before the batch is submitted on its own, on a GPU: early submissions keep
-/// it busy while the host records more.
-const MAX_BATCH_DISPATCHES: usize = 64;
+/// Launches recorded before the batch is submitted on its own, on a GPU, the first time after
+/// the device was waited for: an early submission gets the device busy while the host records
+/// more.
+const FIRST_BATCH_DISPATCHES: usize = 64;
 
-/// The same on a software adapter (lavapipe, WARP), where a submission waits on the host for
-/// the one before it to finish: submitting mid-stream would tie the host to the device.
-const MAX_BATCH_DISPATCHES_CPU: usize = 4096;
+/// The most launches a batch grows to: while the host keeps filling batches the device has work
+/// queued, and larger batches cost the host less per launch (one encoder, one submission).
+const MAX_BATCH_DISPATCHES: usize = 4096;
 
-/// Launches per batch for `adapter`; `COMPUTE_WGPU_MAX_BATCH` overrides it.
-fn max_batch(adapter: &wgpu::AdapterInfo) -> usize {
-    if let Some(n) = std::env::var("COMPUTE_WGPU_MAX_BATCH")
-        .ok()
-        .and_then(|v| v.parse::<usize>().ok())
-    {
-        return n.max(1);
+/// How many launches a batch holds before it is submitted on its own.
+///
+/// On a GPU the limit starts at [`FIRST_BATCH_DISPATCHES`] and doubles with every batch
+/// submitted because it was full, up to [`MAX_BATCH_DISPATCHES`]; waiting for the device resets
+/// it. On a software adapter (lavapipe, WARP), where a submission waits on the host for the one
+/// before it to finish, it is always [`MAX_BATCH_DISPATCHES`]: submitting mid-stream would tie
+/// the host to the device. `COMPUTE_WGPU_MAX_BATCH` fixes it.
+#[derive(Debug, Clone, Copy)]
+struct BatchLimit {
+    first: usize,
+    max: usize,
+    current: usize,
+}
+
+impl BatchLimit {
+    fn new(adapter: &wgpu::AdapterInfo) -> Self {
+        let fixed = std::env::var("COMPUTE_WGPU_MAX_BATCH")
+            .ok()
+            .and_then(|v| v.parse::<usize>().ok())
+            .map(|n| n.max(1));
+        let (first, max) = match fixed {
+            Some(n) => (n, n),
+            None if adapter.device_type == wgpu::DeviceType::Cpu => {
+                (MAX_BATCH_DISPATCHES, MAX_BATCH_DISPATCHES)
+            }
+            None => (FIRST_BATCH_DISPATCHES, MAX_BATCH_DISPATCHES),
+        };
+        Self {
+            first,
+            max,
+            current: first,
+        }
     }
-    if adapter.device_type == wgpu::DeviceType::Cpu {
-        MAX_BATCH_DISPATCHES_CPU
-    } else {
-        MAX_BATCH_DISPATCHES
+
+    fn grow(&mut self) {
+        self.current = (2 * self.current).min(self.max);
+    }
+
+    fn reset(&mut self) {
+        self.current = self.first;
     }
 }
+
+/// What a binding resolves to: a slice (ids are never reused) and the sub-range the handle views.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct ResolveKey {
+    stream: StreamId,
+    slice: SliceId,
+    start: u64,
+    end: u64,
+}
+
+/// Resources of the last few bindings resolved, so that launches repeating their arguments skip
+/// the pool lookups. Sound because a slice keeps its storage for its whole life, slice ids are
+/// never reused, and a binding presented to the server keeps its slice alive. Cleared at every
+/// submission, so a cached block is not held past the batch that uses it.
+#[derive(Default)]
+struct ResolveCache {
+    entries: [Option<(ResolveKey, WgpuResource)>; 4],
+    next: usize,
+}
+
+impl ResolveCache {
+    fn get(&self, key: &ResolveKey) -> Option<WgpuResource> {
+        self.entries
+            .iter()
+            .flatten()
+            .find(|(k, _)| k == key)
+            .map(|(_, r)| r.clone())
+    }
+
+    fn insert(&mut self, key: ResolveKey, resource: WgpuResource) {
+        self.entries[self.next] = Some((key, resource));
+        self.next = (self.next + 1) % self.entries.len();
+    }
+
+    fn clear(&mut self) {
+        if self.entries.iter().any(Option::is_some) {
+            self.entries = Default::default();
+        }
+    }
+}
+
+/// Host buffers of at least this many bytes handed to `write` are freed on the poll thread.
+const RELEASE_OFF_THREAD_BYTES: usize = 1 << 20;
 
 /// Backend information of a wgpu server.
 #[derive(Debug, Clone)]
@@ -118,9 +190,11 @@ pub struct WgpuServer {
     alignment: u64,
     streams: HashMap<StreamId, StreamState>,
     pipelines: HashMap<(KernelId, bool), Arc<Pipeline>>,
-    batch: Vec<Command>,
-    batch_dispatches: usize,
-    max_batch: usize,
+    batch: Batch,
+    batch_limit: BatchLimit,
+    resolved: ResolveCache,
+    /// The pipeline of the last launch, found without hashing when the next one is the same.
+    last_pipeline: Option<(KernelId, bool, Arc<Pipeline>)>,
     launch_infos: Vec<BufferLaunchInfo>,
     encoder: Encoder,
     freed: FreedBuffers,
@@ -233,7 +307,7 @@ impl WgpuServer {
                 .push_back(ServerError::Driver(format!("wgpu: {error}")));
         }));
         let adapter_info = adapter.get_info();
-        let max_batch = max_batch(&adapter_info);
+        let batch_limit = BatchLimit::new(&adapter_info);
         let caps = ShaderCapabilities::from_features(features);
         let timestamps = features.contains(
             wgpu::Features::TIMESTAMP_QUERY | wgpu::Features::TIMESTAMP_QUERY_INSIDE_ENCODERS,
@@ -273,9 +347,10 @@ impl WgpuServer {
             alignment,
             streams: HashMap::new(),
             pipelines: HashMap::new(),
-            batch: Vec::new(),
-            batch_dispatches: 0,
-            max_batch,
+            batch: Batch::default(),
+            batch_limit,
+            resolved: ResolveCache::default(),
+            last_pipeline: None,
             launch_infos: Vec::new(),
             encoder,
             freed,
@@ -327,6 +402,16 @@ impl WgpuServer {
     fn resolve(&mut self, binding: &Binding) -> Result<WgpuResource, ServerError> {
         binding.check_owner(self.owner)?;
         let handle = binding.handle();
+        let key = ResolveKey {
+            stream: handle.stream(),
+            slice: handle.memory().id(),
+            start: handle.slice_offset_start(),
+            end: handle.slice_offset_end(),
+        };
+        if let Some(resource) = self.resolved.get(&key) {
+            self.collectives.wait_for(key.slice);
+            return Ok(resource);
+        }
         let missing = || {
             ServerError::InvalidArgument(
                 "the handle has no memory (its allocation failed; see the error queued then)"
@@ -342,7 +427,8 @@ impl WgpuServer {
                 handle.slice_offset_end(),
             )
             .ok_or_else(missing)?;
-        self.collectives.wait_for(handle.memory().id());
+        self.resolved.insert(key, resource.clone());
+        self.collectives.wait_for(key.slice);
         Ok(resource)
     }
 
@@ -366,40 +452,48 @@ impl WgpuServer {
     /// submission a round trip): validation errors reach the device's uncaptured-error handler,
     /// which queues them for the next flush, sync or read.
     fn submit(&mut self) -> Result<Option<wgpu::SubmissionIndex>, ServerError> {
+        // The cached resources hold their blocks: let go of them at every submission.
+        self.resolved.clear();
         if self.batch.is_empty() {
             return Ok(None);
         }
-        let mut commands = core::mem::take(&mut self.batch);
-        self.batch_dispatches = 0;
-        let encoded = self.encoder.encode(&self.device, &self.queue, &commands);
+        let encoded = self.encoder.encode(&self.device, &self.queue, &self.batch);
         let index = encoded.map(|buffer| self.queue.submit([buffer]));
         if index.is_err() || !self.errors.lock().is_empty() {
             // A rejected submission may have dropped the info written for it.
             self.encoder.forget_info();
         }
-        // Keep the allocation of the command list for the next batch.
-        commands.clear();
-        if self.batch.is_empty() {
-            self.batch = commands;
-        }
+        // Keep the allocations of the batch for the next one.
+        self.batch.clear();
         index.map(Some)
     }
 
+    /// The device is about to be waited for: the next batch starts small again, so that the
+    /// device gets work early (see [`BatchLimit`]).
+    fn idle(&mut self) {
+        self.batch_limit.reset();
+    }
+
     /// Submit the batch (or an empty submission, which also flushes pending `write_buffer`s).
+    /// The caller waits for the submission: the batch limit starts over.
     fn submit_always(&mut self) -> Result<wgpu::SubmissionIndex, ServerError> {
+        self.idle();
         match self.submit()? {
             Some(index) => Ok(index),
             None => Ok(self.queue.submit([])),
         }
     }
 
-    fn push(&mut self, command: Command) -> Result<(), ServerError> {
-        if matches!(command, Command::Dispatch(_)) {
-            self.batch_dispatches += 1;
-        }
-        self.batch.push(command);
-        if self.batch_dispatches >= self.max_batch {
+    /// Record a command other than a launch.
+    fn push(&mut self, command: Command) {
+        self.batch.commands.push(command);
+    }
+
+    /// Submit the batch if it holds as many launches as the current limit allows.
+    fn submit_if_full(&mut self) -> Result<(), ServerError> {
+        if self.batch.dispatches >= self.batch_limit.current {
             self.submit()?;
+            self.batch_limit.grow();
         }
         Ok(())
     }
@@ -409,7 +503,14 @@ impl WgpuServer {
         kernel: &WgpuKernel,
         checked: bool,
     ) -> Result<Arc<Pipeline>, ServerError> {
+        if let Some((id, c, found)) = &self.last_pipeline
+            && *id == kernel.id
+            && *c == checked
+        {
+            return Ok(found.clone());
+        }
         if let Some(found) = self.pipelines.get(&(kernel.id, checked)) {
+            self.last_pipeline = Some((kernel.id, checked, found.clone()));
             return Ok(found.clone());
         }
         let def = &kernel.definition;
@@ -520,6 +621,56 @@ impl WgpuServer {
         ))
     }
 
+    /// Append the info words and bound buffers of a launch of `pipeline` to the batch's arenas;
+    /// the bindings go to `keep`, if given.
+    fn build_launch(
+        &mut self,
+        def: &compute_core::kernel::KernelDefinition,
+        pipeline: &Pipeline,
+        arguments: KernelArguments,
+        mut keep: Option<&mut Vec<Binding>>,
+    ) -> Result<(), ServerError> {
+        let layout = &pipeline.info;
+        let start = self.batch.words.len();
+        self.batch
+            .words
+            .resize(start + layout.fixed_words as usize, 0u32);
+        for (value, &offset) in arguments.scalars.iter().zip(&layout.scalar_offsets) {
+            let words = scalar_words(value);
+            let at = start + offset as usize;
+            self.batch.words[at] = words[0];
+            if value.elem_type().size() == 8 {
+                self.batch.words[at + 1] = words[1];
+            }
+        }
+        for (
+            k,
+            BufferArgument {
+                binding,
+                shape,
+                strides,
+            },
+        ) in arguments.buffers.into_iter().enumerate()
+        {
+            let resource = self.resolve(&binding)?;
+            let (bound, base, len) = self.bind(resource, pipeline.item_sizes[k], def.name())?;
+            let header = start + (layout.header_offset + HEADER_WORDS * k as u32) as usize;
+            let words = &mut self.batch.words;
+            let meta = (words.len() - start) as u32;
+            words[header] = base;
+            words[header + 1] = len;
+            words[header + 2] = shape.rank() as u32;
+            words[header + 3] = meta;
+            words.extend(shape.iter().map(|&d| saturate(d as u64)));
+            words.extend(strides.iter().map(|&s| saturate(s as u64)));
+            self.batch.buffers.push(bound);
+            if let Some(keep) = keep.as_deref_mut() {
+                keep.push(binding);
+            }
+        }
+        Ok(())
+    }
+
     fn check_group(&self, devices: &[DeviceId]) -> Result<Vec<DeviceId>, ServerError> {
         let mut group = devices.to_vec();
         group.sort();
@@ -566,7 +717,7 @@ impl WgpuServer {
             dst: staging.clone(),
             dst_offset: 0,
             size,
-        })?;
+        });
         Ok((staging, delta))
     }
 }
@@ -733,6 +884,10 @@ impl ComputeServer for WgpuServer {
                     )?;
                 }
             }
+            // `write_buffer` has copied the bytes out: a large buffer is freed off this thread.
+            if bytes.len() >= RELEASE_OFF_THREAD_BYTES {
+                self.poller.release(bytes);
+            }
         }
         Ok(())
     }
@@ -761,6 +916,7 @@ impl ComputeServer for WgpuServer {
                     staged.push(Some((buffer, delta as usize, span)));
                 }
             }
+            self.idle();
             let index = self.submit()?;
             Ok::<_, ServerError>((staged, index))
         })();
@@ -858,7 +1014,7 @@ impl ComputeServer for WgpuServer {
         mode: ExecutionMode,
         stream: StreamId,
     ) -> Result<(), ServerError> {
-        let def = kernel.definition.clone();
+        let def = &*kernel.definition;
         // A scratch list kept by the server: no allocation per launch.
         let mut infos = core::mem::take(&mut self.launch_infos);
         infos.clear();
@@ -894,7 +1050,11 @@ impl ComputeServer for WgpuServer {
             )));
         }
         let max_count = limits.max_compute_workgroups_per_dimension;
-        let mut bindings: Vec<Binding> = Vec::with_capacity(arguments.buffers.len() + 1);
+        // Only a graph keeps the bindings (its launches outlive the caller's handles). A batch
+        // does not need them: a slice freed and reused after this launch is written by work
+        // issued later, which the one queue runs after this launch.
+        let capturing = self.stream(stream)?.capture.is_some();
+        let mut bindings: Vec<Binding> = Vec::new();
         let (count, empty) = match count {
             CubeCount::Static(x, y, z) => {
                 if [x, y, z].iter().any(|&c| c > max_count) {
@@ -926,58 +1086,43 @@ impl ComputeServer for WgpuServer {
         };
         let checked = mode == ExecutionMode::Checked;
         let pipeline = self.pipeline(&kernel, checked)?;
-        let layout = &pipeline.info;
-        let meta_words: usize = arguments.buffers.iter().map(|b| 2 * b.shape.rank()).sum();
-        let mut info = Vec::with_capacity(layout.fixed_words as usize + meta_words);
-        info.resize(layout.fixed_words as usize, 0u32);
-        for (value, &offset) in arguments.scalars.iter().zip(&layout.scalar_offsets) {
-            let words = scalar_words(value);
-            info[offset as usize] = words[0];
-            if value.elem_type().size() == 8 {
-                info[offset as usize + 1] = words[1];
-            }
+        // The info words and bound buffers go straight into the batch's arenas (taken back on
+        // an error, moved into a graph's launch when capturing).
+        let words = self.batch.words.len();
+        let bound = self.batch.buffers.len();
+        let built = self.build_launch(
+            def,
+            &pipeline,
+            arguments,
+            capturing.then_some(&mut bindings),
+        );
+        if let Err(e) = built {
+            self.batch.words.truncate(words);
+            self.batch.buffers.truncate(bound);
+            return Err(e);
         }
-        let mut buffers = Vec::with_capacity(arguments.buffers.len());
-        for (
-            k,
-            BufferArgument {
-                binding,
-                shape,
-                strides,
-            },
-        ) in arguments.buffers.into_iter().enumerate()
-        {
-            let resource = self.resolve(&binding)?;
-            let (bound, base, len) = self.bind(resource, pipeline.item_sizes[k], def.name())?;
-            let header = (layout.header_offset + HEADER_WORDS * k as u32) as usize;
-            let meta = info.len() as u32;
-            info[header] = base;
-            info[header + 1] = len;
-            info[header + 2] = shape.rank() as u32;
-            info[header + 3] = meta;
-            info.extend(shape.iter().map(|&d| saturate(d as u64)));
-            info.extend(strides.iter().map(|&s| saturate(s as u64)));
-            buffers.push(bound);
-            bindings.push(binding);
-        }
-        let dispatch = Arc::new(Dispatch {
-            pipeline,
-            buffers,
-            info,
-            count,
-            _bindings: bindings,
-        });
-        let state = self.stream(stream)?;
-        if let Some(capture) = &mut state.capture {
-            if !empty {
+        if capturing {
+            let dispatch = Arc::new(Dispatch {
+                pipeline,
+                buffers: self.batch.buffers.drain(bound..).collect(),
+                info: self.batch.words.drain(words..).collect(),
+                count,
+                _bindings: bindings,
+            });
+            if let Some(capture) = &mut self.stream(stream)?.capture
+                && !empty
+            {
                 capture.push(dispatch);
             }
             return Ok(());
         }
         if empty {
+            self.batch.words.truncate(words);
+            self.batch.buffers.truncate(bound);
             return Ok(());
         }
-        self.push(Command::Dispatch(dispatch))
+        self.batch.push_launch(pipeline, words, bound, count);
+        self.submit_if_full()
     }
 
     fn flush(&mut self, _stream: StreamId) -> Result<(), ServerError> {
@@ -1082,8 +1227,9 @@ impl ComputeServer for WgpuServer {
                 )));
             }
         };
-        for launch in launches {
-            self.push(Command::Dispatch(launch))?;
+        for launch in &launches {
+            self.batch.push_dispatch(launch);
+            self.submit_if_full()?;
         }
         Ok(())
     }
@@ -1105,7 +1251,7 @@ impl ComputeServer for WgpuServer {
             self.push(Command::Timestamp {
                 set: set.clone(),
                 index: 0,
-            })?;
+            });
             Some(set)
         } else {
             None
@@ -1146,7 +1292,7 @@ impl ComputeServer for WgpuServer {
             self.push(Command::Timestamp {
                 set: set.clone(),
                 index: 1,
-            })?;
+            });
             let size = 2 * u64::from(wgpu::QUERY_SIZE);
             let resolve = self.device.create_buffer(&wgpu::BufferDescriptor {
                 label: Some("compute-wgpu timestamps"),
@@ -1158,7 +1304,7 @@ impl ComputeServer for WgpuServer {
                 set,
                 count: 2,
                 dst: resolve.clone(),
-            })?;
+            });
             let source = WgpuResource {
                 buffer: resolve,
                 offset: 0,

@@ -24,10 +24,60 @@
 //!
 //! Workgroup size is the kernel's cube dim (`LocalSize` execution mode); cube counts come from the
 //! `NumWorkgroups` builtin, so indirect dispatches work unchanged.
+//!
+//! A scalar argument word holds the value's bits in its low bits (`bool` as 0/1, 8/16-bit values
+//! in the low byte/half-word, upper bits ignored); a 64-bit scalar is its low word then its high
+//! word.
+//!
+//! # Why a direct word emitter
+//!
+//! The module is written word by word (enum values from the `spirv` crate) rather than through
+//! WGSL and naga: WGSL has no `f64`, `i64`/`u64`, 8- and 16-bit integers, `bf16` storage,
+//! subgroup arithmetic on every type, push constants, 64-bit or float atomics, and naga's SPIR-V
+//! backend cannot express 8/16-bit integers. Emitting SPIR-V directly reaches all of them, and only
+//! the capabilities a kernel uses are declared ([`SpirvKernel::capabilities`]).
+//!
+//! # Module shape
+//!
+//! - Logical addressing, `GLSL450` memory model; `GLSL.std.450` for the math built-ins.
+//! - Every IR value is one SPIR-V id per component, so widths 8 and 16 (no such vectors in
+//!   Vulkan SPIR-V) are simply 8 or 16 scalars; operations are per component.
+//! - A buffer of width `w` is a runtime array of `min(w, 4)`-component vectors (`ArrayStride` the
+//!   chunk size) and an item of width 8 or 16 is 2 or 4 consecutive chunks: a `f32x4` item is one
+//!   128-bit load or store. `bool` is stored as `u8` (0/1, `!= 0` on load), `bf16` as `u16` (computed
+//!   in `f32`, rounded to nearest even after every operation, NaN kept).
+//! - Shared memory (Workgroup) and local arrays (Function, zero-initialised) are flat arrays of
+//!   `len * width` scalars of the register type; variables are one Function variable per component.
+//! - Bounds checks (global in `checked` launches, shared and local always) are structured
+//!   selections: a guarded load merges with 0 through an `OpPhi`, stores and atomics are skipped.
+//!
+//! # What the device must enable
+//!
+//! The server enables the Vulkan features matching [`SpirvKernel::capabilities`]: `Int8` ->
+//! `shaderInt8`, `Int16` -> `shaderInt16`, `Int64` -> `shaderInt64`, `Float16` ->
+//! `shaderFloat16`, `Float64` -> `shaderFloat64`, `StorageBuffer8BitAccess` ->
+//! `storageBuffer8BitAccess`, `StorageBuffer16BitAccess` -> `storageBuffer16BitAccess`,
+//! `Int64Atomics` -> `shaderBufferInt64Atomics`/`shaderSharedInt64Atomics`,
+//! `AtomicFloat32AddEXT` -> `shaderBufferFloat32AtomicAdd`/`shaderSharedFloat32AtomicAdd`
+//! (`VK_EXT_shader_atomic_float`), `GroupNonUniform*` -> the subgroup operations. Plane reductions
+//! of 64-bit integers use 64-bit subgroup arithmetic (`shaderSubgroupExtendedTypes`, Vulkan 1.2);
+//! 8/16-bit integers and `f16` are reduced in 32 bits, so they need nothing more. Simplest: enable
+//! every feature [`SpirvCaps`] reports, once, at device creation.
+//!
+//! The compiler requires `shaderInt8` (`shaderInt16`) for any 8-bit (16-bit) integer, including
+//! `bool` buffers (stored as `u8`) and `bf16` buffers (stored as `u16`).
 
 mod emit;
+mod math;
+mod ops;
+#[cfg(test)]
+mod tests;
+mod words;
 
 pub use emit::compile;
+
+/// The buffer vector widths the compiler accepts.
+pub(crate) const VALID_WIDTHS: [u8; 5] = [1, 2, 4, 8, 16];
 
 /// What the device offers that kernels may use (from `VkPhysicalDeviceFeatures2`, the Vulkan
 /// 1.1/1.2 feature structs, subgroup properties and extensions).
@@ -96,4 +146,13 @@ pub struct SpirvKernel {
     /// Bytes of the push-constant block (0 when the arguments live in the info buffer or there are
     /// none).
     pub push_constant_bytes: u32,
+    /// Whether the module uses subgroup operations or builtins (the pipeline's stage must
+    /// support them).
+    pub uses_subgroups: bool,
+    /// The SPIR-V capabilities the module declares (see the module docs for the matching
+    /// Vulkan features).
+    pub capabilities: Vec<spirv::Capability>,
+    /// The SPIR-V extensions the module declares (device extensions the server must enable, e.g.
+    /// `SPV_EXT_shader_atomic_float_add` -> `VK_EXT_shader_atomic_float`).
+    pub extensions: Vec<String>,
 }

@@ -25,12 +25,34 @@ pub fn enabled() -> Vec<BackendEntry> {
         name: compute_wgpu::WgpuRuntime::name(),
         availability: compute_wgpu::WgpuRuntime::availability,
     });
+    #[cfg(feature = "vulkan")]
+    list.push(BackendEntry {
+        name: compute_vulkan::VulkanRuntime::name(),
+        availability: compute_vulkan::VulkanRuntime::availability,
+    });
     #[cfg(feature = "cuda")]
     list.push(BackendEntry {
         name: compute_cuda::CudaRuntime::name(),
         availability: compute_cuda::CudaRuntime::availability,
     });
     list
+}
+
+/// Checks run after every conformance test of backend `name`: with
+/// `COMPUTE_VULKAN_VALIDATION=1`, the Khronos validation layer must have reported nothing.
+///
+/// # Panics
+/// Panics (fails the test) when a check fails.
+pub fn after_test(name: &str, test: &str) {
+    #[cfg(feature = "vulkan")]
+    if name == "vulkan" && compute_vulkan::validation_enabled() {
+        let count = compute_vulkan::validation_message_count();
+        assert_eq!(
+            count, 0,
+            "vulkan::{test}: the validation layer reported {count} warnings/errors so far in this process (printed above)"
+        );
+    }
+    let _ = (name, test);
 }
 
 /// Keep the `Runtime` import used when no backend feature is on.

@@ -28,6 +28,11 @@ pub fn run_conformance<R: Runtime>(name: &str, test: fn(ComputeClient<R>)) {
         );
     }
     let client = ComputeClient::<R>::load(&R::Device::default());
+    run_expected(name, test, client);
+    backends::after_test(R::name(), name);
+}
+
+fn run_expected<R: Runtime>(name: &str, test: fn(ComputeClient<R>), client: ComputeClient<R>) {
     match expectations::lookup(R::name(), name) {
         None => test(client),
         Some(expectation) => {

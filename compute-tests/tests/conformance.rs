@@ -4,5 +4,7 @@
 compute_tests::conformance_suite!(cpu, compute_cpu::CpuRuntime);
 #[cfg(feature = "wgpu")]
 compute_tests::conformance_suite!(wgpu, compute_wgpu::WgpuRuntime);
+#[cfg(feature = "vulkan")]
+compute_tests::conformance_suite!(vulkan, compute_vulkan::VulkanRuntime);
 #[cfg(feature = "cuda")]
 compute_tests::conformance_suite!(cuda, compute_cuda::CudaRuntime);

@@ -1,5 +1,53 @@
 //! # compute-vulkan
 //!
-//! The native Vulkan backend of the compute runtime, on ash with the loader opened at run time.
+//! The native Vulkan backend of the compute runtime, on ash with the loader opened at run time
+//! (a machine without a loader, driver or device gets a clean `Err` from
+//! [`VulkanRuntime`]'s `availability`, never a panic).
+//!
+//! - Devices: one per physical device (`COMPUTE_VULKAN_DEVICES` overrides the count with logical
+//!   devices over them, round robin, to exercise multi-device paths on one GPU).
+//! - Memory: compute-core's pools over `vkAllocateMemory` blocks, one `VkBuffer` per block and
+//!   kernels bound to sub-ranges; device-local memory on discrete GPUs, the host-visible unified
+//!   heap on integrated and CPU devices; blocks bounded by `maxStorageBufferRange`,
+//!   `maxBufferSize` and `maxMemoryAllocationSize`.
+//! - Kernels: the portable IR compiled to SPIR-V ([`spirv`]) for the features enabled on the
+//!   device; pipelines cached per kernel and bounds-check mode, and a `VkPipelineCache` on disk
+//!   (`COMPUTE_VULKAN_CACHE_DIR`, else the user cache dir), keyed by device UUID and driver
+//!   version.
+//! - Execution: logical streams on one compute queue, batched command buffers (flushed on sync,
+//!   read and a threshold), push descriptors, a timeline semaphore for completion (reads and
+//!   syncs block in `vkWaitSemaphores`), timestamp queries for `profile`, graphs as pre-recorded
+//!   command buffers, collectives through host staging.
+//! - Validation: `COMPUTE_VULKAN_VALIDATION=1` enables `VK_LAYER_KHRONOS_validation` with a
+//!   debug messenger; [`validation_message_count`] counts its warnings and errors.
+//!
+//! ```no_run
+//! use compute_core::{Bytes, ComputeClient};
+//! use compute_vulkan::{VulkanDevice, VulkanRuntime};
+//!
+//! let client = ComputeClient::<VulkanRuntime>::load(&VulkanDevice::default());
+//! let handle = client.create(Bytes::from_elems(vec![1u32, 2, 3]));
+//! assert_eq!(client.read_one(handle).unwrap().to_elems::<u32>(), vec![1, 2, 3]);
+//! ```
 
+mod batch;
+mod collective;
+mod context;
+mod device;
+mod kernel;
+mod pipeline;
+mod runtime;
+mod server;
 pub mod spirv;
+mod storage;
+
+pub use ash;
+pub use device::{
+    DEVICES_ENV, VALIDATION_ENV, VULKAN_DEVICE_TYPE, VulkanDevice, availability, device_count,
+    physical_device_count, raw_instance, validation_enabled, validation_message_count,
+};
+pub use kernel::VulkanKernel;
+pub use pipeline::CACHE_DIR_ENV;
+pub use runtime::VulkanRuntime;
+pub use server::{VulkanInfo, VulkanServer, elem_types};
+pub use storage::{VulkanResource, VulkanStorage};

@@ -1,0 +1,244 @@
+//! Compute pipelines from compiled SPIR-V, and the persistent `VkPipelineCache` on disk.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use ash::vk;
+use compute_core::ServerError;
+
+use crate::context::Context;
+use crate::spirv::{ArgLayout, SpirvKernel};
+
+/// Environment variable naming the directory of the on-disk pipeline cache (`off` disables it).
+pub const CACHE_DIR_ENV: &str = "COMPUTE_VULKAN_CACHE_DIR";
+
+/// A compute pipeline and its layouts (descriptor set 0 is a push descriptor set).
+pub(crate) struct Pipeline {
+    ctx: Arc<Context>,
+    pub(crate) pipeline: vk::Pipeline,
+    pub(crate) layout: vk::PipelineLayout,
+    set_layout: vk::DescriptorSetLayout,
+    pub(crate) name: String,
+    pub(crate) args: ArgLayout,
+    pub(crate) uses_info: bool,
+    pub(crate) info_binding: u32,
+    pub(crate) item_sizes: Vec<u64>,
+    pub(crate) push_constant_bytes: u32,
+}
+
+impl Pipeline {
+    /// Build the pipeline of `compiled` (entry point `main`).
+    pub(crate) fn new(
+        ctx: &Arc<Context>,
+        cache: vk::PipelineCache,
+        name: &str,
+        compiled: SpirvKernel,
+    ) -> Result<Self, ServerError> {
+        let device = &ctx.device;
+        let buffers = compiled.buffer_item_sizes.len() as u32;
+        let mut bindings: Vec<vk::DescriptorSetLayoutBinding> = (0..buffers)
+            .map(|b| {
+                vk::DescriptorSetLayoutBinding::default()
+                    .binding(b)
+                    .descriptor_type(vk::DescriptorType::STORAGE_BUFFER)
+                    .descriptor_count(1)
+                    .stage_flags(vk::ShaderStageFlags::COMPUTE)
+            })
+            .collect();
+        if compiled.uses_info {
+            bindings.push(
+                vk::DescriptorSetLayoutBinding::default()
+                    .binding(compiled.info_binding)
+                    .descriptor_type(vk::DescriptorType::STORAGE_BUFFER)
+                    .descriptor_count(1)
+                    .stage_flags(vk::ShaderStageFlags::COMPUTE),
+            );
+        }
+        let failed = |what: &str, e: vk::Result| {
+            ServerError::Compilation(format!("kernel `{name}`: {what} failed: {e}"))
+        };
+        let set_info = vk::DescriptorSetLayoutCreateInfo::default()
+            .flags(vk::DescriptorSetLayoutCreateFlags::PUSH_DESCRIPTOR_KHR)
+            .bindings(&bindings);
+        // SAFETY: a valid create info; the device has VK_KHR_push_descriptor (checked by the
+        // server before compiling).
+        let set_layout = unsafe { device.create_descriptor_set_layout(&set_info, None) }
+            .map_err(|e| failed("vkCreateDescriptorSetLayout", e))?;
+        let ranges = [vk::PushConstantRange::default()
+            .stage_flags(vk::ShaderStageFlags::COMPUTE)
+            .offset(0)
+            .size(compiled.push_constant_bytes)];
+        let set_layouts = [set_layout];
+        let layout_info = vk::PipelineLayoutCreateInfo::default()
+            .set_layouts(&set_layouts)
+            .push_constant_ranges(if compiled.push_constant_bytes > 0 {
+                &ranges
+            } else {
+                &[]
+            });
+        // SAFETY: a valid create info over the set layout just made.
+        let layout = match unsafe { device.create_pipeline_layout(&layout_info, None) } {
+            Ok(l) => l,
+            Err(e) => {
+                // SAFETY: unused.
+                unsafe { device.destroy_descriptor_set_layout(set_layout, None) };
+                return Err(failed("vkCreatePipelineLayout", e));
+            }
+        };
+        let destroy_layouts = || {
+            // SAFETY: unused.
+            unsafe {
+                device.destroy_pipeline_layout(layout, None);
+                device.destroy_descriptor_set_layout(set_layout, None);
+            }
+        };
+        let module_info = vk::ShaderModuleCreateInfo::default().code(&compiled.words);
+        // SAFETY: the words are a SPIR-V module from our compiler.
+        let module = match unsafe { device.create_shader_module(&module_info, None) } {
+            Ok(m) => m,
+            Err(e) => {
+                destroy_layouts();
+                return Err(failed("vkCreateShaderModule", e));
+            }
+        };
+        let stage = vk::PipelineShaderStageCreateInfo::default()
+            .stage(vk::ShaderStageFlags::COMPUTE)
+            .module(module)
+            .name(c"main");
+        let info = [vk::ComputePipelineCreateInfo::default()
+            .stage(stage)
+            .layout(layout)];
+        // SAFETY: valid create infos; the module is not needed after creation.
+        let created = unsafe { device.create_compute_pipelines(cache, &info, None) };
+        // SAFETY: pipelines do not reference their module after creation.
+        unsafe { device.destroy_shader_module(module, None) };
+        let pipeline = match created {
+            Ok(p) => p[0],
+            Err((_, e)) => {
+                destroy_layouts();
+                return Err(failed("vkCreateComputePipelines", e));
+            }
+        };
+        Ok(Self {
+            ctx: ctx.clone(),
+            pipeline,
+            layout,
+            set_layout,
+            name: name.to_string(),
+            args: compiled.args,
+            uses_info: compiled.uses_info,
+            info_binding: compiled.info_binding,
+            item_sizes: compiled.buffer_item_sizes,
+            push_constant_bytes: compiled.push_constant_bytes,
+        })
+    }
+}
+
+impl Drop for Pipeline {
+    fn drop(&mut self) {
+        // SAFETY: pipelines are dropped with the server (after it waited for the device) or with
+        // the last graph that recorded them, once its replays have completed.
+        unsafe {
+            self.ctx.device.destroy_pipeline(self.pipeline, None);
+            self.ctx.device.destroy_pipeline_layout(self.layout, None);
+            self.ctx
+                .device
+                .destroy_descriptor_set_layout(self.set_layout, None);
+        }
+    }
+}
+
+/// The device's `VkPipelineCache`, loaded from and saved to disk.
+pub(crate) struct PipelineCache {
+    ctx: Arc<Context>,
+    pub(crate) cache: vk::PipelineCache,
+    path: Option<PathBuf>,
+}
+
+fn cache_dir() -> Option<PathBuf> {
+    if let Ok(dir) = std::env::var(CACHE_DIR_ENV) {
+        if dir == "off" || dir.is_empty() {
+            return None;
+        }
+        return Some(PathBuf::from(dir));
+    }
+    if let Ok(xdg) = std::env::var("XDG_CACHE_HOME")
+        && !xdg.is_empty()
+    {
+        return Some(PathBuf::from(xdg).join("compute-vulkan"));
+    }
+    std::env::var("HOME")
+        .ok()
+        .filter(|h| !h.is_empty())
+        .map(|h| PathBuf::from(h).join(".cache").join("compute-vulkan"))
+}
+
+/// Whether `data` starts with a pipeline cache header of this device (a foreign or corrupt file
+/// is ignored rather than handed to the driver).
+fn header_matches(data: &[u8], props: &vk::PhysicalDeviceProperties) -> bool {
+    if data.len() < 32 {
+        return false;
+    }
+    let word = |i: usize| u32::from_le_bytes([data[i], data[i + 1], data[i + 2], data[i + 3]]);
+    word(0) >= 32
+        && word(4) == vk::PipelineCacheHeaderVersion::ONE.as_raw() as u32
+        && word(8) == props.vendor_id
+        && word(12) == props.device_id
+        && data[16..32] == props.pipeline_cache_uuid
+}
+
+impl PipelineCache {
+    /// The cache of `ctx`'s device, primed from disk when a valid file exists.
+    pub(crate) fn open(ctx: &Arc<Context>) -> Result<Self, ServerError> {
+        let props = &ctx.properties;
+        let uuid: String = ctx.device_uuid.iter().map(|b| format!("{b:02x}")).collect();
+        let path = cache_dir().map(|d| d.join(format!("{uuid}-{:08x}.bin", props.driver_version)));
+        let data = path
+            .as_ref()
+            .and_then(|p| std::fs::read(p).ok())
+            .filter(|d| header_matches(d, props))
+            .unwrap_or_default();
+        let create = |initial: &[u8]| {
+            let info = vk::PipelineCacheCreateInfo::default().initial_data(initial);
+            // SAFETY: the initial data is empty or carries this device's cache header.
+            unsafe { ctx.device.create_pipeline_cache(&info, None) }
+        };
+        let cache = match create(&data) {
+            Ok(c) => c,
+            Err(_) => create(&[])
+                .map_err(|e| ServerError::Driver(format!("vkCreatePipelineCache failed: {e}")))?,
+        };
+        Ok(Self {
+            ctx: ctx.clone(),
+            cache,
+            path,
+        })
+    }
+
+    /// Write the cache to disk (atomically: a temporary file renamed over the old one).
+    pub(crate) fn save(&self) {
+        let Some(path) = &self.path else { return };
+        // SAFETY: the cache belongs to this device.
+        let Ok(data) = (unsafe { self.ctx.device.get_pipeline_cache_data(self.cache) }) else {
+            return;
+        };
+        if data.is_empty() {
+            return;
+        }
+        if let Some(dir) = path.parent() {
+            let _ = std::fs::create_dir_all(dir);
+        }
+        let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+        if std::fs::write(&tmp, &data).is_ok() && std::fs::rename(&tmp, path).is_err() {
+            let _ = std::fs::remove_file(&tmp);
+        }
+    }
+}
+
+impl Drop for PipelineCache {
+    fn drop(&mut self) {
+        self.save();
+        // SAFETY: no pipeline creation is in progress (the server owns the cache).
+        unsafe { self.ctx.device.destroy_pipeline_cache(self.cache, None) };
+    }
+}

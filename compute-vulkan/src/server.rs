@@ -1,0 +1,1369 @@
+//! The Vulkan server: logical streams over the device's compute queue, pools over
+//! `vkAllocateMemory` blocks, a pipeline cache, batched submissions with push descriptors,
+//! graphs as pre-recorded command buffers, timestamp profiles and host-staged collectives.
+//!
+//! Ordering: every stream records into the server's one batch, in issue order, and batches are
+//! submitted to the one queue in order with a barrier between consecutive commands, so work runs
+//! in the order it was issued, on a stream and across streams. Each submission signals the
+//! device's timeline semaphore; reads and syncs wait on it with `vkWaitSemaphores`.
+
+use std::any::Any;
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ash::vk;
+use compute_core::future::DynFut;
+use compute_core::graph::GraphId;
+use compute_core::handle::{BufferArgument, HandleOwner};
+use compute_core::kernel::{BufferLaunchInfo, KernelId, ScalarValue};
+use compute_core::layout::{contiguous_strides, for_each_row, pack_tensors};
+use compute_core::memory::{
+    MemoryAllocationMode, MemoryDeviceProperties, MemoryManagement, MemoryPoolsConfig, MemoryUsage,
+    PoolConfigError,
+};
+use compute_core::profile::ProfileToken;
+use compute_core::{
+    Binding, Bytes, ComputeServer, CopyDescriptor, CubeCount, DeviceId, DeviceProperties, ElemType,
+    ExecutionMode, Features, Handle, HardwareProperties, KernelArguments, MemoryLayout,
+    MemoryLayoutDescriptor, ProfileDuration, ProfileError, ReduceOperation, ServerError, StreamId,
+    TimingMethod,
+};
+use hashbrown::HashMap;
+
+use crate::batch::{CommandPool, Linear, Recorder, Staging, barrier};
+use crate::collective::{Collectives, Round};
+use crate::context::Context;
+use crate::device::{VulkanDevice, device_count};
+use crate::kernel::VulkanKernel;
+use crate::pipeline::{Pipeline, PipelineCache};
+use crate::spirv::{self, SpirvCaps};
+use crate::storage::{Block, Retired, VulkanResource, VulkanStorage};
+
+/// Errors raised outside a call (by the collective worker), waiting for the next flush, sync or
+/// read.
+pub(crate) type ErrorQueue = Arc<spin::Mutex<VecDeque<ServerError>>>;
+
+/// Launches per batch on a GPU before it is submitted on its own (keeps the device busy while
+/// the host records more).
+const MAX_BATCH_GPU: usize = 128;
+/// The same on a CPU device (lavapipe), where a submission competes with the host for cores.
+const MAX_BATCH_CPU: usize = 2048;
+
+/// Backend information of a Vulkan server.
+#[derive(Debug, Clone)]
+pub struct VulkanInfo {
+    /// The device.
+    pub device: VulkanDevice,
+    /// The physical device's name.
+    pub name: String,
+    /// Physical device type (discrete, integrated, CPU, ...).
+    pub device_type: String,
+    /// Vulkan API version of the device, `major.minor.patch`.
+    pub api_version: String,
+    /// Driver version as the driver encodes it.
+    pub driver_version: u32,
+    /// What kernels are compiled for (the features enabled on the device).
+    pub caps: SpirvCaps,
+    /// Whether launches use push descriptors (VK_KHR_push_descriptor).
+    pub push_descriptors: bool,
+    /// Whether storage memory is host visible (unified memory: integrated and CPU devices).
+    pub unified_memory: bool,
+    /// Nanoseconds per timestamp tick (0 without timestamps).
+    pub timestamp_period_ns: f32,
+}
+
+/// Memory of a block to free once the work submitted before its release has completed.
+struct FreeBlock {
+    ctx: Arc<Context>,
+    block: Block,
+}
+
+impl Drop for FreeBlock {
+    fn drop(&mut self) {
+        // SAFETY: kept until the submissions that could use the block completed.
+        unsafe { self.ctx.free_buffer(self.block.buffer, self.block.memory) };
+    }
+}
+
+/// A capture in progress on a stream.
+struct Capture {
+    pool: CommandPool,
+    cb: vk::CommandBuffer,
+    linear: Linear,
+    needs_barrier: bool,
+    keep: Vec<Box<dyn Any + Send>>,
+}
+
+/// A captured graph: a command buffer re-submitted on each replay, and what it uses.
+struct VulkanGraph {
+    stream: StreamId,
+    cb: vk::CommandBuffer,
+    // Field order: the command buffer's pool goes last, after what its commands reference.
+    _keep: Vec<Box<dyn Any + Send>>,
+    _chunks: Vec<Staging>,
+    _pool: CommandPool,
+}
+
+struct StreamState {
+    memory: MemoryManagement<VulkanStorage>,
+    capture: Option<Capture>,
+}
+
+struct QueryPool {
+    ctx: Arc<Context>,
+    pool: vk::QueryPool,
+}
+
+impl Drop for QueryPool {
+    fn drop(&mut self) {
+        // SAFETY: dropped after the submission writing it completed (or never submitted).
+        unsafe { self.ctx.device.destroy_query_pool(self.pool, None) };
+    }
+}
+
+struct Profile {
+    start: Instant,
+    queries: Option<QueryPool>,
+}
+
+/// Staging buffers a read copies into, waited for before they return to the pool.
+struct PendingRead {
+    ctx: Arc<Context>,
+    value: u64,
+    parts: Vec<Option<(Staging, CopyDescriptor)>>,
+}
+
+impl Drop for PendingRead {
+    fn drop(&mut self) {
+        // A read dropped before completion must not hand its staging back while the GPU writes
+        // it.
+        let _ = self.ctx.wait(self.value);
+    }
+}
+
+/// The server of one Vulkan device.
+pub struct VulkanServer {
+    ctx: Arc<Context>,
+    info: VulkanInfo,
+    owner: HandleOwner,
+    properties: DeviceProperties,
+    pool_config: MemoryPoolsConfig,
+    /// `minStorageBufferOffsetAlignment`.
+    bind_align: u64,
+    slice_align: u64,
+    max_block: u64,
+    family: u32,
+    streams: HashMap<StreamId, StreamState>,
+    retired: Retired,
+    recorder: Recorder,
+    pipelines: HashMap<(KernelId, bool), Arc<Pipeline>>,
+    cache: PipelineCache,
+    max_batch: usize,
+    graphs: HashMap<GraphId, VulkanGraph>,
+    profiles: HashMap<u64, Profile>,
+    next_profile: u64,
+    errors: ErrorQueue,
+    collectives: Collectives,
+    launch_infos: Vec<BufferLaunchInfo>,
+    words: Vec<u32>,
+    info_words: Vec<u32>,
+}
+
+fn ready<T: Send + 'static>(value: T) -> DynFut<T> {
+    Box::pin(core::future::ready(value))
+}
+
+fn is_contiguous(shape: &[usize], strides: &[usize]) -> bool {
+    strides == contiguous_strides(shape).0.as_slice()
+}
+
+/// Bytes from the first to one past the last element of a strided tensor.
+fn strided_span(shape: &[usize], strides: &[usize], elem_size: usize) -> usize {
+    if shape.contains(&0) {
+        return 0;
+    }
+    let last: usize = shape.iter().zip(strides).map(|(n, s)| (n - 1) * s).sum();
+    (last + 1) * elem_size
+}
+
+fn scalar_words(value: &ScalarValue) -> [u32; 2] {
+    let wide = |bits: u64| [bits as u32, (bits >> 32) as u32];
+    match *value {
+        ScalarValue::Bool(b) => [u32::from(b), 0],
+        ScalarValue::I8(x) => [x as i32 as u32, 0],
+        ScalarValue::I16(x) => [x as i32 as u32, 0],
+        ScalarValue::I32(x) => [x as u32, 0],
+        ScalarValue::U8(x) => [u32::from(x), 0],
+        ScalarValue::U16(x) => [u32::from(x), 0],
+        ScalarValue::U32(x) => [x, 0],
+        ScalarValue::F16(x) => [u32::from(x.to_bits()), 0],
+        ScalarValue::BF16(x) => [u32::from(x.to_bits()), 0],
+        ScalarValue::F32(x) => [x.to_bits(), 0],
+        ScalarValue::I64(x) => wide(x as u64),
+        ScalarValue::U64(x) => wide(x),
+        ScalarValue::F64(x) => wide(x.to_bits()),
+    }
+}
+
+fn saturate(x: u64) -> u32 {
+    u32::try_from(x).unwrap_or(u32::MAX)
+}
+
+fn words_as_bytes(words: &[u32]) -> &[u8] {
+    bytemuck::cast_slice(words)
+}
+
+/// The element types kernels may use with these capabilities.
+pub fn elem_types(caps: &SpirvCaps) -> Vec<ElemType> {
+    let mut types = vec![ElemType::I32, ElemType::U32, ElemType::F32];
+    if caps.int8 && caps.storage8 {
+        types.extend([ElemType::Bool, ElemType::I8, ElemType::U8]);
+    }
+    if caps.int16 && caps.storage16 {
+        types.extend([ElemType::I16, ElemType::U16, ElemType::BF16]);
+    }
+    if caps.float16 && caps.storage16 {
+        types.push(ElemType::F16);
+    }
+    if caps.int64 {
+        types.extend([ElemType::I64, ElemType::U64]);
+    }
+    if caps.float64 {
+        types.push(ElemType::F64);
+    }
+    types.sort();
+    types
+}
+
+fn device_type_name(t: vk::PhysicalDeviceType) -> &'static str {
+    match t {
+        vk::PhysicalDeviceType::DISCRETE_GPU => "discrete GPU",
+        vk::PhysicalDeviceType::INTEGRATED_GPU => "integrated GPU",
+        vk::PhysicalDeviceType::VIRTUAL_GPU => "virtual GPU",
+        vk::PhysicalDeviceType::CPU => "CPU",
+        _ => "other",
+    }
+}
+
+fn max_batch(ctx: &Context) -> usize {
+    if let Some(n) = std::env::var("COMPUTE_VULKAN_MAX_BATCH")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+    {
+        return n.max(1);
+    }
+    if ctx.properties.device_type == vk::PhysicalDeviceType::CPU {
+        MAX_BATCH_CPU
+    } else {
+        MAX_BATCH_GPU
+    }
+}
+
+impl VulkanServer {
+    /// Create the logical device of `device` on `physical` and start its server.
+    pub(crate) fn new(
+        device: VulkanDevice,
+        instance: &'static crate::device::Instance,
+        physical: vk::PhysicalDevice,
+    ) -> Result<Self, ServerError> {
+        let ctx = Arc::new(Context::new(instance, physical)?);
+        let family = ctx.family;
+        let limits = *ctx.limits();
+        let bind_align = limits.min_storage_buffer_offset_alignment.max(4);
+        let slice_align = bind_align.max(16);
+        let max_block = u64::from(limits.max_storage_buffer_range)
+            .min(ctx.max_buffer_size)
+            .min(ctx.max_memory_allocation_size)
+            / 4
+            * 4;
+        let timestamps = ctx.timestamp_valid_bits > 0 && limits.timestamp_period > 0.0;
+        let props = ctx.properties;
+        let info = VulkanInfo {
+            device,
+            name: ctx.name(),
+            device_type: device_type_name(props.device_type).into(),
+            api_version: format!(
+                "{}.{}.{}",
+                vk::api_version_major(props.api_version),
+                vk::api_version_minor(props.api_version),
+                vk::api_version_patch(props.api_version)
+            ),
+            driver_version: props.driver_version,
+            caps: ctx.caps,
+            push_descriptors: ctx.push_descriptor.is_some(),
+            unified_memory: ctx.storage_host_visible,
+            timestamp_period_ns: if timestamps {
+                limits.timestamp_period
+            } else {
+                0.0
+            },
+        };
+        let properties = DeviceProperties {
+            name: format!(
+                "vulkan:{} {} ({})",
+                device.index,
+                info.name,
+                device_type_name(props.device_type)
+            ),
+            backend: "vulkan".into(),
+            memory: MemoryDeviceProperties {
+                max_page_size: max_block,
+                alignment: slice_align,
+            },
+            memory_total: (ctx.memory_total > 0).then_some(ctx.memory_total),
+            hardware: HardwareProperties {
+                plane_size_min: ctx.subgroup_size.0,
+                plane_size_max: ctx.subgroup_size.1,
+                max_units_per_cube: limits.max_compute_work_group_invocations,
+                max_cube_dim: limits.max_compute_work_group_size,
+                max_cube_count: limits.max_compute_work_group_count,
+                max_shared_memory_bytes: u64::from(limits.max_compute_shared_memory_size),
+                num_compute_units: 1,
+                max_load_bytes: 16,
+            },
+            features: Features {
+                elem_types: elem_types(&ctx.caps),
+                plane_ops: ctx.caps.subgroups,
+                atomics: true,
+                graphs: true,
+                device_timestamps: timestamps,
+                collectives: true,
+            },
+            timing: if timestamps {
+                TimingMethod::Device
+            } else {
+                TimingMethod::Host
+            },
+            pitch_alignment: None,
+        };
+        static NEXT_SERVER: core::sync::atomic::AtomicU64 = core::sync::atomic::AtomicU64::new(1);
+        let owner = HandleOwner {
+            device: compute_core::Device::to_id(&device),
+            server: NEXT_SERVER.fetch_add(1, core::sync::atomic::Ordering::Relaxed),
+        };
+        let recorder = Recorder::new(&ctx, family)?;
+        let cache = PipelineCache::open(&ctx)?;
+        let max_batch = max_batch(&ctx);
+        Ok(Self {
+            info,
+            owner,
+            properties,
+            pool_config: MemoryPoolsConfig::default(),
+            bind_align,
+            slice_align,
+            max_block,
+            family,
+            streams: HashMap::new(),
+            retired: Retired::default(),
+            recorder,
+            pipelines: HashMap::new(),
+            cache,
+            max_batch,
+            graphs: HashMap::new(),
+            profiles: HashMap::new(),
+            next_profile: 1,
+            errors: ErrorQueue::default(),
+            collectives: Collectives::default(),
+            launch_infos: Vec::new(),
+            words: Vec::new(),
+            info_words: Vec::new(),
+            ctx,
+        })
+    }
+
+    /// The `ash::Device` behind this server, for interop.
+    pub fn raw_device(&self) -> &ash::Device {
+        &self.ctx.device
+    }
+
+    fn stream(&mut self, id: StreamId) -> Result<&mut StreamState, ServerError> {
+        if !self.streams.contains_key(&id) {
+            let storage = VulkanStorage::new(
+                self.ctx.clone(),
+                self.slice_align,
+                self.max_block,
+                self.retired.clone(),
+            );
+            let memory =
+                MemoryManagement::new(storage, &self.pool_config, self.properties.memory.clone())
+                    .map_err(|e| ServerError::InvalidArgument(e.to_string()))?;
+            self.streams.insert(
+                id,
+                StreamState {
+                    memory,
+                    capture: None,
+                },
+            );
+        }
+        Ok(self
+            .streams
+            .get_mut(&id)
+            .unwrap_or_else(|| unreachable!("inserted just above")))
+    }
+
+    fn resolve(&mut self, binding: &Binding) -> Result<VulkanResource, ServerError> {
+        binding.check_owner(self.owner)?;
+        let handle = binding.handle();
+        let missing = || {
+            ServerError::InvalidArgument(
+                "the handle has no memory (its allocation failed; see the error queued then)"
+                    .into(),
+            )
+        };
+        let state = self.streams.get_mut(&handle.stream()).ok_or_else(missing)?;
+        let resource = state
+            .memory
+            .get_resource(
+                handle.memory().id(),
+                handle.slice_offset_start(),
+                handle.slice_offset_end(),
+            )
+            .ok_or_else(missing)?;
+        self.collectives.wait_for(handle.memory().id());
+        Ok(resource)
+    }
+
+    fn capturing(&self, stream: StreamId) -> bool {
+        self.streams
+            .get(&stream)
+            .is_some_and(|s| s.capture.is_some())
+    }
+
+    fn ensure_not_capturing(&self, stream: StreamId, what: &str) -> Result<(), ServerError> {
+        if self.capturing(stream) {
+            return Err(ServerError::Capture(format!(
+                "{what} on {stream} while a graph capture is running"
+            )));
+        }
+        Ok(())
+    }
+
+    fn take_error(&self) -> Result<(), ServerError> {
+        match self.errors.lock().pop_front() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    /// Hand blocks the pools released to the batch (freed once the work before them is done).
+    fn drain_retired(&mut self) {
+        let blocks = core::mem::take(&mut *self.retired.lock());
+        for block in blocks {
+            let free = FreeBlock {
+                ctx: self.ctx.clone(),
+                block,
+            };
+            self.recorder.keep_until_done(free);
+        }
+    }
+
+    fn submit(&mut self) -> Result<Option<u64>, ServerError> {
+        self.drain_retired();
+        self.recorder.submit()
+    }
+
+    fn submit_or_last(&mut self) -> Result<u64, ServerError> {
+        self.drain_retired();
+        self.recorder.submit_or_last()
+    }
+
+    fn after_command(&mut self) -> Result<(), ServerError> {
+        if self.recorder.dispatches >= self.max_batch {
+            self.submit()?;
+        }
+        Ok(())
+    }
+
+    fn pipeline(
+        &mut self,
+        kernel: &VulkanKernel,
+        checked: bool,
+    ) -> Result<Arc<Pipeline>, ServerError> {
+        if let Some(found) = self.pipelines.get(&(kernel.id, checked)) {
+            return Ok(found.clone());
+        }
+        let def = &kernel.definition;
+        if self.ctx.push_descriptor.is_none() {
+            return Err(ServerError::Unsupported(format!(
+                "vulkan: kernel `{}` needs VK_KHR_push_descriptor, which this device lacks",
+                def.name()
+            )));
+        }
+        let compiled = spirv::compile(def, &self.ctx.caps, checked)?;
+        if compiled.push_constant_bytes > self.ctx.limits().max_push_constants_size {
+            return Err(ServerError::Compilation(format!(
+                "kernel `{}` needs {} bytes of push constants, the device has {}",
+                def.name(),
+                compiled.push_constant_bytes,
+                self.ctx.limits().max_push_constants_size
+            )));
+        }
+        let pipeline = Arc::new(Pipeline::new(
+            &self.ctx,
+            self.cache.cache,
+            def.name(),
+            compiled,
+        )?);
+        self.pipelines
+            .insert((kernel.id, checked), pipeline.clone());
+        Ok(pipeline)
+    }
+
+    /// The descriptor range a launch binds for a buffer argument, its offset in items and its
+    /// length in items.
+    fn bind(
+        &self,
+        resource: VulkanResource,
+        item: u64,
+        name: &str,
+    ) -> Result<(vk::DescriptorBufferInfo, u32, u32), ServerError> {
+        let item = item.max(1);
+        let bind_offset = resource.offset / self.bind_align * self.bind_align;
+        let delta = resource.offset - bind_offset;
+        if !delta.is_multiple_of(item) {
+            return Err(ServerError::InvalidArgument(format!(
+                "buffer argument of kernel `{name}` starts at byte {} of its block, not a multiple of its item size {item}",
+                resource.offset
+            )));
+        }
+        let mut range = (delta + resource.size).max(item).next_multiple_of(4);
+        if bind_offset + range > resource.block_size {
+            range = resource.block_size - bind_offset;
+        }
+        let max = u64::from(self.ctx.limits().max_storage_buffer_range);
+        if range > max {
+            return Err(ServerError::InvalidArgument(format!(
+                "buffer argument of kernel `{name}` binds {range} bytes, over the device's maxStorageBufferRange ({max} bytes)"
+            )));
+        }
+        Ok((
+            vk::DescriptorBufferInfo::default()
+                .buffer(resource.buffer)
+                .offset(bind_offset)
+                .range(range),
+            saturate(delta / item),
+            saturate(resource.size / item),
+        ))
+    }
+
+    fn check_group(&self, devices: &[DeviceId]) -> Result<Vec<DeviceId>, ServerError> {
+        let mut group = devices.to_vec();
+        group.sort();
+        group.dedup();
+        if !group.contains(&self.owner.device) {
+            return Err(ServerError::InvalidArgument(format!(
+                "collective group {group:?} does not contain this device {}",
+                self.owner.device
+            )));
+        }
+        let count = device_count();
+        if let Some(bad) = group
+            .iter()
+            .find(|d| d.type_id != self.owner.device.type_id || d.index_id >= count)
+        {
+            return Err(ServerError::InvalidArgument(format!(
+                "collective group names device {bad}, which does not exist ({count} vulkan devices)"
+            )));
+        }
+        Ok(group)
+    }
+
+    /// Record copies of `regions` from `src` into a fresh staging buffer of `size` bytes.
+    fn stage_read(
+        &mut self,
+        src: vk::Buffer,
+        regions: &[vk::BufferCopy],
+        size: u64,
+    ) -> Result<Staging, ServerError> {
+        let staging = Staging::new(&self.ctx, size)?;
+        let cb = self.recorder.command()?;
+        // SAFETY: `cb` is recording; the regions lie inside both buffers.
+        unsafe {
+            self.ctx
+                .device
+                .cmd_copy_buffer(cb, src, staging.buffer(), regions)
+        };
+        Ok(staging)
+    }
+
+    fn profile_queries(&mut self) -> Result<QueryPool, ServerError> {
+        let info = vk::QueryPoolCreateInfo::default()
+            .query_type(vk::QueryType::TIMESTAMP)
+            .query_count(2);
+        // SAFETY: a valid create info.
+        let pool = unsafe { self.ctx.device.create_query_pool(&info, None) }
+            .map_err(|e| ServerError::Driver(format!("vkCreateQueryPool failed: {e}")))?;
+        Ok(QueryPool {
+            ctx: self.ctx.clone(),
+            pool,
+        })
+    }
+
+    fn timestamp(&mut self, pool: vk::QueryPool, index: u32) -> Result<(), ServerError> {
+        let cb = self.recorder.command()?;
+        // SAFETY: `cb` is recording; the pool has 2 queries.
+        unsafe {
+            if index == 0 {
+                self.ctx.device.cmd_reset_query_pool(cb, pool, 0, 2);
+            }
+            self.ctx.device.cmd_write_timestamp(
+                cb,
+                vk::PipelineStageFlags::BOTTOM_OF_PIPE,
+                pool,
+                index,
+            );
+        }
+        Ok(())
+    }
+
+    /// Record (or capture) one dispatch.
+    #[allow(clippy::too_many_arguments)]
+    fn record_dispatch(
+        &mut self,
+        stream: StreamId,
+        pipeline: &Arc<Pipeline>,
+        descriptors: &[vk::DescriptorBufferInfo],
+        push: &[u32],
+        info: Option<&[u32]>,
+        count: DispatchCount,
+        keep: Vec<Binding>,
+    ) -> Result<(), ServerError> {
+        let ctx = self.ctx.clone();
+        let Some(push_descriptor) = ctx.push_descriptor.as_ref() else {
+            unreachable!("pipelines are only built with push descriptors")
+        };
+        let state = self
+            .streams
+            .get_mut(&stream)
+            .unwrap_or_else(|| unreachable!("the stream was created by the launch"));
+        let (cb, linear) = match &mut state.capture {
+            Some(capture) => {
+                if capture.needs_barrier {
+                    barrier(&ctx.device, capture.cb);
+                }
+                capture.needs_barrier = true;
+                capture.keep.push(Box::new(pipeline.clone()));
+                capture.keep.push(Box::new(keep));
+                (capture.cb, &mut capture.linear)
+            }
+            None => {
+                let cb = self.recorder.command()?;
+                self.recorder.dispatches += 1;
+                (cb, &mut self.recorder.linear)
+            }
+        };
+        let info_descriptor = match info {
+            Some(words) => {
+                let (buffer, offset) = linear.push(&ctx, words_as_bytes(words), self.bind_align)?;
+                Some(
+                    vk::DescriptorBufferInfo::default()
+                        .buffer(buffer)
+                        .offset(offset)
+                        .range((words.len() as u64 * 4).max(4)),
+                )
+            }
+            None => None,
+        };
+        let mut writes: Vec<vk::WriteDescriptorSet> = descriptors
+            .iter()
+            .enumerate()
+            .map(|(k, d)| {
+                vk::WriteDescriptorSet::default()
+                    .dst_binding(k as u32)
+                    .descriptor_type(vk::DescriptorType::STORAGE_BUFFER)
+                    .buffer_info(core::slice::from_ref(d))
+            })
+            .collect();
+        if let Some(d) = &info_descriptor {
+            writes.push(
+                vk::WriteDescriptorSet::default()
+                    .dst_binding(pipeline.info_binding)
+                    .descriptor_type(vk::DescriptorType::STORAGE_BUFFER)
+                    .buffer_info(core::slice::from_ref(d)),
+            );
+        }
+        let device = &ctx.device;
+        // SAFETY: `cb` is recording; the pipeline, its layout and every bound buffer are alive
+        // until the command buffer completes (pipelines are cached, blocks are freed late).
+        unsafe {
+            device.cmd_bind_pipeline(cb, vk::PipelineBindPoint::COMPUTE, pipeline.pipeline);
+            if !writes.is_empty() {
+                push_descriptor.cmd_push_descriptor_set(
+                    cb,
+                    vk::PipelineBindPoint::COMPUTE,
+                    pipeline.layout,
+                    0,
+                    &writes,
+                );
+            }
+            if pipeline.push_constant_bytes > 0 {
+                let mut bytes = words_as_bytes(push).to_vec();
+                bytes.resize(pipeline.push_constant_bytes as usize, 0);
+                device.cmd_push_constants(
+                    cb,
+                    pipeline.layout,
+                    vk::ShaderStageFlags::COMPUTE,
+                    0,
+                    &bytes,
+                );
+            }
+            match count {
+                DispatchCount::Static([x, y, z]) => device.cmd_dispatch(cb, x, y, z),
+                DispatchCount::Dynamic { buffer, offset } => {
+                    device.cmd_dispatch_indirect(cb, buffer, offset)
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+#[derive(Clone, Copy)]
+enum DispatchCount {
+    Static([u32; 3]),
+    Dynamic { buffer: vk::Buffer, offset: u64 },
+}
+
+impl ComputeServer for VulkanServer {
+    type Kernel = VulkanKernel;
+    type Storage = VulkanStorage;
+    type Info = VulkanInfo;
+
+    fn info(&self) -> VulkanInfo {
+        self.info.clone()
+    }
+
+    fn properties(&self) -> DeviceProperties {
+        self.properties.clone()
+    }
+
+    fn owner(&self) -> HandleOwner {
+        self.owner
+    }
+
+    fn create(
+        &mut self,
+        descriptors: &[MemoryLayoutDescriptor],
+        stream: StreamId,
+    ) -> Result<Vec<MemoryLayout>, ServerError> {
+        let packed = pack_tensors(descriptors, self.slice_align, None)?;
+        let total = packed.total();
+        let owner = self.owner;
+        let state = self.stream(stream)?;
+        let slice = state.memory.reserve_for(total, state.capture.is_some())?;
+        let base = Handle::new(slice, total, owner, stream);
+        Ok(packed.layouts(&base, descriptors))
+    }
+
+    fn create_buffer(&mut self, size: u64, stream: StreamId) -> Result<Handle, ServerError> {
+        let owner = self.owner;
+        let state = self.stream(stream)?;
+        let slice = state.memory.reserve_for(size, state.capture.is_some())?;
+        Ok(Handle::new(slice, size, owner, stream))
+    }
+
+    fn write(
+        &mut self,
+        writes: Vec<(CopyDescriptor, Bytes)>,
+        stream: StreamId,
+    ) -> Result<(), ServerError> {
+        self.ensure_not_capturing(stream, "write")?;
+        for (descriptor, bytes) in writes {
+            descriptor.validate()?;
+            if bytes.len() != descriptor.compact_size() {
+                return Err(ServerError::InvalidArgument(format!(
+                    "write of {} bytes into a tensor of {} bytes",
+                    bytes.len(),
+                    descriptor.compact_size()
+                )));
+            }
+            let target = self.resolve(&descriptor.binding)?;
+            if bytes.is_empty() {
+                continue;
+            }
+            let data = bytes.try_as_slice()?;
+            let (src, src_offset) = self.recorder.linear.push(&self.ctx, data, 16)?;
+            let regions: Vec<vk::BufferCopy> =
+                if is_contiguous(&descriptor.shape, &descriptor.strides) {
+                    vec![vk::BufferCopy {
+                        src_offset,
+                        dst_offset: target.offset,
+                        size: data.len() as u64,
+                    }]
+                } else {
+                    let mut rows = Vec::new();
+                    for_each_row(
+                        &descriptor.shape,
+                        &descriptor.strides,
+                        descriptor.elem_size,
+                        |s, c, n| {
+                            rows.push(vk::BufferCopy {
+                                src_offset: src_offset + c as u64,
+                                dst_offset: target.offset + s as u64,
+                                size: n as u64,
+                            });
+                        },
+                    );
+                    rows
+                };
+            let cb = self.recorder.command()?;
+            // SAFETY: `cb` is recording; the regions lie inside the staging chunk and the block.
+            unsafe {
+                self.ctx
+                    .device
+                    .cmd_copy_buffer(cb, src, target.buffer, &regions)
+            };
+            self.recorder.dispatches += 1;
+            self.after_command()?;
+        }
+        Ok(())
+    }
+
+    fn read(
+        &mut self,
+        descriptors: Vec<CopyDescriptor>,
+        stream: StreamId,
+    ) -> DynFut<Result<Vec<Bytes>, ServerError>> {
+        let prepared = (|| {
+            self.ensure_not_capturing(stream, "read")?;
+            self.take_error()?;
+            let mut sources = Vec::with_capacity(descriptors.len());
+            for descriptor in &descriptors {
+                descriptor.validate()?;
+                sources.push(self.resolve(&descriptor.binding)?);
+            }
+            let mut parts = Vec::with_capacity(descriptors.len());
+            for (descriptor, source) in descriptors.into_iter().zip(sources) {
+                let span =
+                    strided_span(&descriptor.shape, &descriptor.strides, descriptor.elem_size)
+                        as u64;
+                if span == 0 {
+                    parts.push(None);
+                    continue;
+                }
+                let region = vk::BufferCopy {
+                    src_offset: source.offset,
+                    dst_offset: 0,
+                    size: span,
+                };
+                let staging = self.stage_read(source.buffer, &[region], span)?;
+                parts.push(Some((staging, descriptor)));
+            }
+            let value = self.submit_or_last()?;
+            Ok::<_, ServerError>(PendingRead {
+                ctx: self.ctx.clone(),
+                value,
+                parts,
+            })
+        })();
+        let pending = match prepared {
+            Ok(p) => p,
+            Err(e) => return ready(Err(e)),
+        };
+        Box::pin(async move {
+            pending.ctx.wait(pending.value)?;
+            let mut out = Vec::with_capacity(pending.parts.len());
+            for part in &pending.parts {
+                let Some((staging, descriptor)) = part else {
+                    out.push(Bytes::from_vec(Vec::new()));
+                    continue;
+                };
+                let span =
+                    strided_span(&descriptor.shape, &descriptor.strides, descriptor.elem_size);
+                let raw = staging.read(0, span);
+                if is_contiguous(&descriptor.shape, &descriptor.strides) {
+                    out.push(Bytes::from_slice(raw));
+                } else {
+                    let mut buf =
+                        compute_core::bytes::AlignedBuf::zeroed(descriptor.compact_size());
+                    let dst = buf.as_mut_slice();
+                    for_each_row(
+                        &descriptor.shape,
+                        &descriptor.strides,
+                        descriptor.elem_size,
+                        |s, c, n| {
+                            dst[c..c + n].copy_from_slice(&raw[s..s + n]);
+                        },
+                    );
+                    out.push(Bytes::from_aligned(buf));
+                }
+            }
+            Ok(out)
+        })
+    }
+
+    fn get_resource(
+        &mut self,
+        binding: Binding,
+        _stream: StreamId,
+    ) -> Result<VulkanResource, ServerError> {
+        let resource = self.resolve(&binding)?;
+        let value = self.submit_or_last()?;
+        self.ctx.wait(value)?;
+        Ok(resource)
+    }
+
+    unsafe fn launch(
+        &mut self,
+        kernel: VulkanKernel,
+        count: CubeCount,
+        arguments: KernelArguments,
+        mode: ExecutionMode,
+        stream: StreamId,
+    ) -> Result<(), ServerError> {
+        let def = kernel.definition.clone();
+        let mut infos = core::mem::take(&mut self.launch_infos);
+        infos.clear();
+        infos.extend(arguments.buffers.iter().map(|b| BufferLaunchInfo {
+            len_bytes: b.binding.size(),
+            rank: b.shape.rank(),
+        }));
+        let checked_launch = def.check_launch(&infos, &arguments.scalars);
+        self.launch_infos = infos;
+        checked_launch?;
+        arguments.check_owner(self.owner)?;
+        let limits = *self.ctx.limits();
+        let shared = def.shared_memory_bytes() as u64;
+        if shared > u64::from(limits.max_compute_shared_memory_size) {
+            return Err(ServerError::InvalidArgument(format!(
+                "kernel `{}` uses {shared} bytes of shared memory, the device allows {} (maxComputeSharedMemorySize)",
+                def.name(),
+                limits.max_compute_shared_memory_size
+            )));
+        }
+        let dim = def.cube_dim();
+        let max_dim = limits.max_compute_work_group_size;
+        if dim.iter().zip(max_dim).any(|(d, m)| *d > m)
+            || def.cube_size() > limits.max_compute_work_group_invocations
+        {
+            return Err(ServerError::InvalidArgument(format!(
+                "kernel `{}` has a cube of {dim:?} units, the device allows {max_dim:?} and {} in all",
+                def.name(),
+                limits.max_compute_work_group_invocations
+            )));
+        }
+        let mut keep: Vec<Binding> = Vec::new();
+        let capturing = self.stream(stream)?.capture.is_some();
+        let (count, empty) = match count {
+            CubeCount::Static(x, y, z) => {
+                let max_count = limits.max_compute_work_group_count;
+                if [x, y, z].iter().zip(max_count).any(|(&c, m)| c > m) {
+                    return Err(ServerError::InvalidArgument(format!(
+                        "cube count {:?} of kernel `{}` exceeds the device's maxComputeWorkGroupCount {max_count:?}",
+                        [x, y, z],
+                        def.name()
+                    )));
+                }
+                (DispatchCount::Static([x, y, z]), x == 0 || y == 0 || z == 0)
+            }
+            CubeCount::Dynamic(binding) => {
+                let resource = self.resolve(&binding)?;
+                if resource.size < 12 || !resource.offset.is_multiple_of(4) {
+                    return Err(ServerError::InvalidArgument(format!(
+                        "a dynamic cube count needs 12 bytes (3 x u32) at a 4-byte aligned offset, its buffer has {} bytes at offset {}",
+                        resource.size, resource.offset
+                    )));
+                }
+                if capturing {
+                    keep.push(binding);
+                }
+                (
+                    DispatchCount::Dynamic {
+                        buffer: resource.buffer,
+                        offset: resource.offset,
+                    },
+                    false,
+                )
+            }
+        };
+        let checked = mode == ExecutionMode::Checked;
+        let pipeline = self.pipeline(&kernel, checked)?;
+        let args = &pipeline.args;
+        let mut words = core::mem::take(&mut self.words);
+        words.clear();
+        words.resize(args.words as usize, 0);
+        for (value, &at) in arguments.scalars.iter().zip(&args.scalar_words) {
+            let w = scalar_words(value);
+            words[at as usize] = w[0];
+            if value.elem_type().size() == 8 {
+                words[at as usize + 1] = w[1];
+            }
+        }
+        let mut descriptors = Vec::with_capacity(arguments.buffers.len());
+        let mut info = core::mem::take(&mut self.info_words);
+        info.clear();
+        if pipeline.uses_info {
+            let header = args.info_header_word as usize;
+            info.resize(header + 2 * arguments.buffers.len(), 0);
+        }
+        for (
+            k,
+            BufferArgument {
+                binding,
+                shape,
+                strides,
+            },
+        ) in arguments.buffers.into_iter().enumerate()
+        {
+            let resource = self.resolve(&binding)?;
+            let (descriptor, base, len) =
+                self.bind(resource, pipeline.item_sizes[k], &pipeline.name)?;
+            let at = args.buffer_words[k] as usize;
+            words[at] = base;
+            words[at + 1] = len;
+            if pipeline.uses_info {
+                let header = args.info_header_word as usize + 2 * k;
+                info[header] = shape.rank() as u32;
+                info[header + 1] = info.len() as u32;
+                info.extend(shape.iter().map(|&d| saturate(d as u64)));
+                info.extend(strides.iter().map(|&s| saturate(s as u64)));
+            }
+            descriptors.push(descriptor);
+            if capturing {
+                keep.push(binding);
+            }
+        }
+        if pipeline.uses_info && !args.in_push_constants {
+            info[..words.len()].copy_from_slice(&words);
+        }
+        let result = if empty {
+            Ok(())
+        } else {
+            let push: &[u32] = if args.in_push_constants { &words } else { &[] };
+            let info_ref = pipeline.uses_info.then_some(info.as_slice());
+            self.record_dispatch(stream, &pipeline, &descriptors, push, info_ref, count, keep)
+        };
+        self.words = words;
+        self.info_words = info;
+        result?;
+        if !capturing {
+            self.after_command()?;
+        }
+        Ok(())
+    }
+
+    fn flush(&mut self, _stream: StreamId) -> Result<(), ServerError> {
+        self.submit()?;
+        self.take_error()
+    }
+
+    fn sync(&mut self, stream: StreamId) -> DynFut<Result<(), ServerError>> {
+        if let Err(e) = self.ensure_not_capturing(stream, "sync") {
+            return ready(Err(e));
+        }
+        let value = match self.submit_or_last() {
+            Ok(v) => v,
+            Err(e) => return ready(Err(e)),
+        };
+        let ctx = self.ctx.clone();
+        let errors = self.errors.clone();
+        Box::pin(async move {
+            ctx.wait(value)?;
+            match errors.lock().pop_front() {
+                Some(e) => Err(e),
+                None => Ok(()),
+            }
+        })
+    }
+
+    fn stream_ids(&self) -> Vec<StreamId> {
+        self.streams.keys().copied().collect()
+    }
+
+    fn memory_usage(&mut self, stream: StreamId) -> Result<MemoryUsage, ServerError> {
+        Ok(self.stream(stream)?.memory.memory_usage())
+    }
+
+    fn memory_cleanup(&mut self, stream: StreamId) {
+        if let Some(state) = self.streams.get_mut(&stream) {
+            state.memory.cleanup(true);
+        }
+        self.drain_retired();
+        self.recorder.recycle();
+        if self.recorder.is_empty()
+            && self
+                .ctx
+                .completed()
+                .is_ok_and(|c| c >= self.ctx.last_submitted())
+        {
+            self.ctx.trim_staging();
+        }
+    }
+
+    fn allocation_mode(&mut self, mode: MemoryAllocationMode, stream: StreamId) {
+        if let Ok(state) = self.stream(stream) {
+            state.memory.mode(mode);
+        }
+    }
+
+    fn configure_memory_pools(
+        &mut self,
+        config: &MemoryPoolsConfig,
+        stream: StreamId,
+    ) -> Result<bool, PoolConfigError> {
+        config.resolve(&self.properties.memory)?;
+        self.pool_config = config.clone();
+        let rebuilt = match self.stream(stream) {
+            Ok(state) => state.memory.reconfigure(config),
+            Err(_) => Ok(false),
+        };
+        self.drain_retired();
+        rebuilt
+    }
+
+    fn graph_prepare(&mut self, stream: StreamId) -> Result<(), ServerError> {
+        self.ensure_not_capturing(stream, "graph_prepare")?;
+        self.stream(stream)?
+            .memory
+            .mode(MemoryAllocationMode::Persistent);
+        Ok(())
+    }
+
+    fn begin_capture(&mut self, stream: StreamId) -> Result<(), ServerError> {
+        self.ensure_not_capturing(stream, "start_capture")?;
+        let pool = CommandPool::new(&self.ctx, self.family)?;
+        let cb = pool.begin(None, vk::CommandBufferUsageFlags::SIMULTANEOUS_USE)?;
+        self.stream(stream)?.capture = Some(Capture {
+            pool,
+            cb,
+            linear: Linear::default(),
+            needs_barrier: true,
+            keep: Vec::new(),
+        });
+        Ok(())
+    }
+
+    fn end_capture(&mut self, stream: StreamId) -> Result<GraphId, ServerError> {
+        let state = self.stream(stream)?;
+        let mut capture = state.capture.take().ok_or_else(|| {
+            ServerError::InvalidArgument(format!("stop_capture on {stream} without start_capture"))
+        })?;
+        state.memory.mode(MemoryAllocationMode::Auto);
+        // SAFETY: the capture's command buffer is recording.
+        unsafe { self.ctx.device.end_command_buffer(capture.cb) }
+            .map_err(|e| ServerError::Driver(format!("vkEndCommandBuffer failed: {e}")))?;
+        let id = GraphId::fresh();
+        self.graphs.insert(
+            id,
+            VulkanGraph {
+                stream,
+                cb: capture.cb,
+                _keep: core::mem::take(&mut capture.keep),
+                _chunks: capture.linear.take(),
+                _pool: capture.pool,
+            },
+        );
+        Ok(id)
+    }
+
+    fn graph_replay(&mut self, graph: GraphId, stream: StreamId) -> Result<(), ServerError> {
+        self.ensure_not_capturing(stream, "graph replay")?;
+        let cb = match self.graphs.get(&graph) {
+            Some(g) if g.stream == stream => g.cb,
+            Some(g) => {
+                return Err(ServerError::InvalidArgument(format!(
+                    "graph {graph:?} was captured on {} and replays there, not on {stream}",
+                    g.stream
+                )));
+            }
+            None => {
+                return Err(ServerError::InvalidArgument(format!(
+                    "graph {graph:?} is not held by this server"
+                )));
+            }
+        };
+        // The graph's first command is a barrier against earlier work.
+        self.recorder.append(cb)?;
+        self.recorder.dispatches += 1;
+        self.after_command()
+    }
+
+    fn graph_release(&mut self, graph: GraphId) {
+        if let Some(g) = self.graphs.remove(&graph) {
+            self.recorder.keep_until_done(g);
+        }
+    }
+
+    fn profile_start(&mut self, stream: StreamId) -> Result<ProfileToken, ProfileError> {
+        self.ensure_not_capturing(stream, "profile")?;
+        let id = self.next_profile;
+        self.next_profile += 1;
+        let queries = if self.properties.features.device_timestamps {
+            let pool = self.profile_queries()?;
+            self.timestamp(pool.pool, 0)?;
+            Some(pool)
+        } else {
+            None
+        };
+        self.profiles.insert(
+            id,
+            Profile {
+                start: Instant::now(),
+                queries,
+            },
+        );
+        Ok(ProfileToken { id })
+    }
+
+    fn profile_end(
+        &mut self,
+        token: ProfileToken,
+        stream: StreamId,
+    ) -> DynFut<Result<ProfileDuration, ProfileError>> {
+        let Some(profile) = self.profiles.remove(&token.id) else {
+            return ready(Err(ProfileError::Unavailable(format!(
+                "profile token {} was not started on this server",
+                token.id
+            ))));
+        };
+        let Some(queries) = profile.queries else {
+            let done = self.sync(stream);
+            let start = profile.start;
+            return Box::pin(async move {
+                done.await?;
+                Ok(ProfileDuration {
+                    duration: start.elapsed(),
+                    timing: TimingMethod::Host,
+                })
+            });
+        };
+        let recorded = (|| {
+            self.timestamp(queries.pool, 1)?;
+            self.submit_or_last()
+        })();
+        let value = match recorded {
+            Ok(v) => v,
+            Err(e) => {
+                // The pool may be referenced by the open batch.
+                self.recorder.keep_until_done(queries);
+                return ready(Err(e.into()));
+            }
+        };
+        let ctx = self.ctx.clone();
+        let errors = self.errors.clone();
+        let period = f64::from(self.info.timestamp_period_ns);
+        let bits = ctx.timestamp_valid_bits;
+        Box::pin(async move {
+            ctx.wait(value)?;
+            let mut stamps = [0u64; 2];
+            // SAFETY: both queries were written by the completed submission.
+            unsafe {
+                ctx.device.get_query_pool_results(
+                    queries.pool,
+                    0,
+                    &mut stamps,
+                    vk::QueryResultFlags::TYPE_64 | vk::QueryResultFlags::WAIT,
+                )
+            }
+            .map_err(|e| ServerError::Driver(format!("vkGetQueryPoolResults failed: {e}")))?;
+            drop(queries);
+            if let Some(e) = errors.lock().pop_front() {
+                return Err(e.into());
+            }
+            let mask = if bits >= 64 {
+                u64::MAX
+            } else {
+                (1u64 << bits) - 1
+            };
+            let ticks = (stamps[1] & mask).wrapping_sub(stamps[0] & mask) & mask;
+            // One tick is the resolution: work that fits in it is reported as one tick.
+            let nanos = (ticks.max(1) as f64 * period).max(1.0);
+            Ok(ProfileDuration {
+                duration: Duration::from_nanos(nanos.round() as u64),
+                timing: TimingMethod::Device,
+            })
+        })
+    }
+
+    fn ensure_init_collective(
+        &mut self,
+        devices: &[DeviceId],
+        _stream: StreamId,
+    ) -> Result<(), ServerError> {
+        let group = self.check_group(devices)?;
+        self.collectives.init(group);
+        Ok(())
+    }
+
+    fn all_reduce(
+        &mut self,
+        src: Binding,
+        dst: Binding,
+        dtype: ElemType,
+        devices: Vec<DeviceId>,
+        op: ReduceOperation,
+        stream: StreamId,
+    ) -> Result<(), ServerError> {
+        self.ensure_not_capturing(stream, "all_reduce")?;
+        let group = self.check_group(&devices)?;
+        if !self.collectives.is_init(&group) {
+            return Err(ServerError::InvalidArgument(format!(
+                "all_reduce over {group:?} before ensure_init_collective for that group"
+            )));
+        }
+        if src.size() != dst.size() || !src.size().is_multiple_of(dtype.size() as u64) {
+            return Err(ServerError::InvalidArgument(format!(
+                "all_reduce from {} to {} bytes of {dtype}",
+                src.size(),
+                dst.size()
+            )));
+        }
+        let source = self.resolve(&src)?;
+        let target = self.resolve(&dst)?;
+        let staging = if source.size == 0 {
+            None
+        } else {
+            let region = vk::BufferCopy {
+                src_offset: source.offset,
+                dst_offset: 0,
+                size: source.size,
+            };
+            Some(self.stage_read(source.buffer, &[region], source.size)?)
+        };
+        let value = self.submit_or_last()?;
+        let seq = self.collectives.next_round(&group);
+        let round = Round {
+            ctx: self.ctx.clone(),
+            value,
+            staging,
+            len: source.size,
+            group,
+            seq,
+            me: self.owner.device,
+            dtype,
+            op,
+            dst: target,
+            dst_binding: dst,
+        };
+        self.collectives.submit(&self.ctx, self.family, round)
+    }
+
+    fn sync_collective(&mut self, _stream: StreamId) -> DynFut<Result<(), ServerError>> {
+        let rx = self
+            .collectives
+            .marker(&self.ctx, self.family, &self.errors);
+        Box::pin(async move {
+            rx.await
+                .unwrap_or_else(|| Err(ServerError::Driver("the collective worker stopped".into())))
+        })
+    }
+}
+
+impl Drop for VulkanServer {
+    fn drop(&mut self) {
+        let _ = self.submit();
+        // SAFETY: waiting for the device before releasing what its work may still use.
+        let _ = unsafe { self.ctx.device.device_wait_idle() };
+        self.collectives.shutdown();
+        self.graphs.clear();
+        self.profiles.clear();
+        self.streams.clear();
+        self.recorder.recycle();
+        for block in core::mem::take(&mut *self.retired.lock()) {
+            // SAFETY: the device is idle.
+            unsafe { self.ctx.free_buffer(block.buffer, block.memory) };
+        }
+        self.pipelines.clear();
+    }
+}

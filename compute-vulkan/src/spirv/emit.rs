@@ -31,8 +31,6 @@ pub(super) const SCOPE_WORKGROUP: u32 = 2;
 pub(super) const SCOPE_SUBGROUP: u32 = 3;
 
 /// Memory semantics bits.
-const SEM_ACQUIRE: u32 = 0x2;
-const SEM_RELEASE: u32 = 0x4;
 const SEM_ACQ_REL: u32 = 0x8;
 const SEM_UNIFORM: u32 = 0x40;
 const SEM_WORKGROUP: u32 = 0x100;
@@ -918,7 +916,7 @@ impl<'a> Emitter<'a> {
     }
 
     /// A global-memory scalar converted to its register form.
-    fn from_storage(&mut self, elem: ElemType, x: u32) -> u32 {
+    fn load_conv(&mut self, elem: ElemType, x: u32) -> u32 {
         match elem {
             ElemType::Bool => {
                 let bt = self.m.t_bool();
@@ -938,7 +936,7 @@ impl<'a> Emitter<'a> {
     }
 
     /// A register scalar converted to its global-memory form.
-    fn to_storage(&mut self, elem: ElemType, x: u32) -> u32 {
+    fn store_conv(&mut self, elem: ElemType, x: u32) -> u32 {
         match elem {
             ElemType::Bool => {
                 let t8 = self.m.t_int(8);
@@ -969,11 +967,11 @@ impl<'a> Emitter<'a> {
             let p = self.chunk_ptr(b, a, j);
             let v = self.op(Op::Load, chunk_ty, &[p]);
             if per_chunk == 1 {
-                out.push(self.from_storage(elem, v));
+                out.push(self.load_conv(elem, v));
             } else {
                 for c in 0..per_chunk {
                     let x = self.op(Op::CompositeExtract, st, &[v, c]);
-                    out.push(self.from_storage(elem, x));
+                    out.push(self.load_conv(elem, x));
                 }
             }
         }
@@ -991,7 +989,7 @@ impl<'a> Emitter<'a> {
                 .collect();
             let comps: Vec<u32> = comps
                 .into_iter()
-                .map(|x| self.to_storage(elem, x))
+                .map(|x| self.store_conv(elem, x))
                 .collect();
             let v = if per_chunk == 1 {
                 comps[0]
@@ -1585,10 +1583,13 @@ impl<'a> Emitter<'a> {
         };
         let ty = self.reg_ty(elem);
         let (a, guard) = self.address(mem, index)?;
-        let (scope, storage) = if shared {
-            (SCOPE_WORKGROUP, SEM_WORKGROUP)
+        // Relaxed atomics, as CUDA's and WGSL's: ordering against other memory comes from
+        // barriers. (Acquire/release semantics here make lavapipe emit memory barriers that
+        // break retry loops: a compare-exchange counter lost most of its increments.)
+        let scope = if shared {
+            SCOPE_WORKGROUP
         } else {
-            (SCOPE_DEVICE, SEM_UNIFORM)
+            SCOPE_DEVICE
         };
         let signed = elem.is_signed_int();
         let r = self.guarded(guard, &[ty], |e| {
@@ -1597,13 +1598,12 @@ impl<'a> Emitter<'a> {
                 _ => e.array_ptr(mem, a, 0)?,
             };
             let sc = e.m.c_u32(scope);
-            let acq = e.m.c_u32(SEM_ACQUIRE | storage);
-            let rel = e.m.c_u32(SEM_RELEASE | storage);
-            let ar = e.m.c_u32(SEM_ACQ_REL | storage);
+            let ar = e.m.c_u32(0);
             let r = match op {
-                AtomicOp::Load => e.op(Op::AtomicLoad, ty, &[p, sc, acq]),
-                AtomicOp::Store => e.op(Op::AtomicExchange, ty, &[p, sc, rel, v]),
-                AtomicOp::Exchange => e.op(Op::AtomicExchange, ty, &[p, sc, ar, v]),
+                AtomicOp::Load => e.op(Op::AtomicLoad, ty, &[p, sc, ar]),
+                AtomicOp::Store | AtomicOp::Exchange => {
+                    e.op(Op::AtomicExchange, ty, &[p, sc, ar, v])
+                }
                 AtomicOp::Add if elem == ElemType::F32 => {
                     e.op(Op::AtomicFAddEXT, ty, &[p, sc, ar, v])
                 }
@@ -1632,7 +1632,7 @@ impl<'a> Emitter<'a> {
                     let c = cmp.ok_or_else(|| {
                         e.bad("atomic_compare_exchange without an expected value")
                     })?;
-                    e.op(Op::AtomicCompareExchange, ty, &[p, sc, ar, acq, v, c])
+                    e.op(Op::AtomicCompareExchange, ty, &[p, sc, ar, ar, v, c])
                 }
             };
             Ok(vec![r])

@@ -36,7 +36,7 @@ impl Emitter<'_> {
     }
 
     /// A float register value widened to its compute type for math (`f32` for 16-bit floats).
-    pub fn to_math(&mut self, elem: ElemType, x: u32) -> u32 {
+    pub fn widen_math(&mut self, elem: ElemType, x: u32) -> u32 {
         if elem == ElemType::F16 {
             let f = self.m.t_float(32);
             self.op(Op::FConvert, f, &[x])
@@ -46,7 +46,7 @@ impl Emitter<'_> {
     }
 
     /// A compute-type result converted back to the register type of `elem`.
-    pub fn from_math(&mut self, elem: ElemType, x: u32) -> u32 {
+    pub fn narrow_math(&mut self, elem: ElemType, x: u32) -> u32 {
         match elem {
             ElemType::F16 => {
                 let h = self.m.t_float(16);
@@ -103,6 +103,7 @@ impl Emitter<'_> {
             UnaryOp::Abs => self.gl(ty, gl::FABS, &[x]),
             UnaryOp::Floor => self.gl(ty, gl::FLOOR, &[x]),
             UnaryOp::Ceil => self.gl(ty, gl::CEIL, &[x]),
+            UnaryOp::Round if elem == ElemType::F64 => self.round_even64(x),
             UnaryOp::Round => self.gl(ty, gl::ROUND_EVEN, &[x]),
             UnaryOp::Sqrt => {
                 let r = self.gl(ty, gl::SQRT, &[x]);
@@ -126,12 +127,35 @@ impl Emitter<'_> {
             | UnaryOp::Cos
             | UnaryOp::Tanh
             | UnaryOp::Erf => {
-                let m = self.to_math(elem, x);
+                let m = self.widen_math(elem, x);
                 let mb = if elem == ElemType::F64 { 64 } else { 32 };
                 let r = self.math_unary(op, mb, m)?;
-                self.from_math(elem, r)
+                self.narrow_math(elem, r)
             }
         })
+    }
+
+    /// Round half to even for `f64` from `floor` (some drivers' `f64` `RoundEven` rounds half
+    /// away from zero): `d = x - floor(x)` is exact, ties go to the even neighbour.
+    fn round_even64(&mut self, x: u32) -> u32 {
+        let t = self.m.t_float(64);
+        let bt = self.m.t_bool();
+        let f = self.gl(t, gl::FLOOR, &[x]);
+        let d = self.op(Op::FSub, t, &[x, f]);
+        let half = self.m.c_float(64, 0.5);
+        let one = self.m.c_float(64, 1.0);
+        let f1 = self.op(Op::FAdd, t, &[f, one]);
+        let hf = self.op(Op::FMul, t, &[f, half]);
+        let hff = self.gl(t, gl::FLOOR, &[hf]);
+        let even = self.op(Op::FOrdEqual, bt, &[hf, hff]);
+        let tie = self.op(Op::Select, t, &[even, f, f1]);
+        let up = self.op(Op::FOrdGreaterThan, bt, &[d, half]);
+        let down = self.op(Op::FOrdLessThan, bt, &[d, half]);
+        let r = self.op(Op::Select, t, &[up, f1, tie]);
+        let r = self.op(Op::Select, t, &[down, f, r]);
+        // NaN and infinities: floor passes them through (d is NaN).
+        let nan = self.op(Op::IsNan, bt, &[d]);
+        self.op(Op::Select, t, &[nan, x, r])
     }
 
     /// One component of a binary operation.
@@ -166,11 +190,11 @@ impl Emitter<'_> {
                 BinaryOp::Min => return Ok(self.gl(ty, gl::FMIN, &[a, b])),
                 BinaryOp::Max => return Ok(self.gl(ty, gl::FMAX, &[a, b])),
                 BinaryOp::Pow => {
-                    let x = self.to_math(elem, a);
-                    let y = self.to_math(elem, b);
+                    let x = self.widen_math(elem, a);
+                    let y = self.widen_math(elem, b);
                     let mb = if elem == ElemType::F64 { 64 } else { 32 };
                     let r = self.pow(mb, x, y);
-                    return Ok(self.from_math(elem, r));
+                    return Ok(self.narrow_math(elem, r));
                 }
                 other => return Err(self.bad(format!("{} on {elem}", other.name()))),
             };
@@ -295,7 +319,17 @@ impl Emitter<'_> {
 
     /// One component of `a * b + c`.
     pub fn fma(&mut self, elem: ElemType, a: u32, b: u32, c: u32) -> Result<u32, ServerError> {
-        if elem.is_float() {
+        if elem == ElemType::F16 {
+            // Fused in f32 (the f16 product is exact there; some drivers do not fuse f16 fma).
+            let (x, y, z) = (
+                self.widen_math(elem, a),
+                self.widen_math(elem, b),
+                self.widen_math(elem, c),
+            );
+            let f = self.m.t_float(32);
+            let r = self.gl(f, gl::FMA, &[x, y, z]);
+            Ok(self.narrow_math(elem, r))
+        } else if elem.is_float() {
             let ty = self.reg_ty(elem);
             let r = self.gl(ty, gl::FMA, &[a, b, c]);
             Ok(self.fin(elem, r))
@@ -366,7 +400,7 @@ impl Emitter<'_> {
         let (fx, fb) = if from == ElemType::F64 {
             (x, 64)
         } else {
-            (self.to_math(from, x), 32)
+            (self.widen_math(from, x), 32)
         };
         let n = bits(to);
         let signed = to.is_signed_int();
@@ -428,7 +462,7 @@ impl Emitter<'_> {
     }
 
     /// A register scalar from its bits.
-    fn from_bits(&mut self, elem: ElemType, b: u32) -> u32 {
+    fn value_of_bits(&mut self, elem: ElemType, b: u32) -> u32 {
         let ty = self.reg_ty(elem);
         match elem {
             ElemType::Bool => {
@@ -504,6 +538,6 @@ impl Emitter<'_> {
                 out.push(acc.unwrap_or(0));
             }
         }
-        Ok(out.into_iter().map(|b| self.from_bits(to, b)).collect())
+        Ok(out.into_iter().map(|b| self.value_of_bits(to, b)).collect())
     }
 }

@@ -467,7 +467,8 @@ fn plane_operations_validate() {
 
 #[test]
 fn missing_features_are_unsupported_and_name_the_feature() {
-    let cases: &[(ElemType, fn(&mut SpirvCaps), &str)] = &[
+    type Strip = fn(&mut SpirvCaps);
+    let cases: &[(ElemType, Strip, &str)] = &[
         (ElemType::F64, |c| c.float64 = false, "shaderFloat64"),
         (ElemType::F16, |c| c.float16 = false, "shaderFloat16"),
         (ElemType::I64, |c| c.int64 = false, "shaderInt64"),

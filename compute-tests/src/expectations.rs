@@ -87,16 +87,6 @@ pub const EXPECTATIONS: &[Expectation] = &[
     },
     Expectation {
         backend: "wgpu",
-        test: "ir_builtins_3d",
-        reason: "the WGSL emitted for the 3-D position and count builtins fails naga validation (open codegen bug)",
-    },
-    Expectation {
-        backend: "wgpu",
-        test: "ir_builtins_plane_3d",
-        reason: "the WGSL emitted for plane builtins in a 3-D cube fails naga validation (open codegen bug)",
-    },
-    Expectation {
-        backend: "wgpu",
         test: "ir_memory_atomic_wide_and_float",
         reason: "WGSL has 32-bit integer atomics only; 64-bit and float atomics are not emulated",
     },
@@ -104,11 +94,6 @@ pub const EXPECTATIONS: &[Expectation] = &[
         backend: "wgpu",
         test: "ir_metadata_buffer_len",
         reason: "the test queries the length of a u8 buffer, a type WGSL storage cannot hold yet",
-    },
-    Expectation {
-        backend: "wgpu",
-        test: "ir_metadata_pitched_tensor",
-        reason: "the WGSL emitted for shape/stride queries with a dynamic dimension fails naga validation (open codegen bug)",
     },
 ];
 

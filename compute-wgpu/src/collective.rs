@@ -1,9 +1,12 @@
 //! Collectives between wgpu devices through host staging: each device's contribution is read
 //! back, reduced on the host by compute-core's [`HostRendezvous`], and written to its output.
 //!
-//! A collective worker thread per server runs the rounds in issue order, off the server lock (a
-//! round waits for the other devices of its group). Until a round has written its output, later
-//! work on the server that touches that output waits for it.
+//! A collective worker thread per server and group runs the group's rounds in issue order, off
+//! the server lock (a round waits for the other devices of its group). Groups get their own
+//! workers so that rounds of two groups sharing devices, issued in different orders on different
+//! devices (two threads), cannot wait on each other. Until a round has written its output, later
+//! work on the server that touches that output waits for it (which orders rounds of different
+//! groups that share memory).
 
 use std::collections::{BTreeSet, VecDeque};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -16,7 +19,6 @@ use compute_core::memory::SliceId;
 use compute_core::{DeviceId, ElemType, ReduceOperation, ServerError};
 use hashbrown::HashMap;
 
-use crate::server::ErrorQueue;
 use crate::storage::WgpuResource;
 
 /// One device's part of an all-reduce, handed to the worker.
@@ -37,7 +39,27 @@ pub(crate) struct Round {
 
 enum Job {
     Round(Box<Round>),
-    Marker(Sender<Result<(), ServerError>>),
+    Marker(Arc<Marker>),
+}
+
+/// A `sync_collective` waiting for every worker of a server to reach it.
+struct Marker {
+    /// Workers that have not reached the marker yet.
+    remaining: AtomicUsize,
+    done: Mutex<Option<Sender<Result<(), ServerError>>>>,
+}
+
+impl Marker {
+    /// One worker reached the marker (or will never): the last one answers with the first error
+    /// the rounds raised.
+    fn reach(&self, errors: &Mutex<VecDeque<ServerError>>) {
+        if self.remaining.fetch_sub(1, Ordering::AcqRel) == 1 {
+            let first = errors.lock().unwrap_or_else(|p| p.into_inner()).pop_front();
+            if let Some(tx) = self.done.lock().unwrap_or_else(|p| p.into_inner()).take() {
+                tx.send(first.map_or(Ok(()), Err));
+            }
+        }
+    }
 }
 
 /// Output slices of rounds not yet written, with how many rounds write each.
@@ -55,7 +77,7 @@ pub(crate) struct Collectives {
     groups: BTreeSet<Vec<DeviceId>>,
     rounds: HashMap<Vec<DeviceId>, u64>,
     pending: Arc<Pending>,
-    worker: Option<mpsc::Sender<Job>>,
+    workers: HashMap<Vec<DeviceId>, mpsc::Sender<Job>>,
     errors: Arc<Mutex<VecDeque<ServerError>>>,
 }
 
@@ -98,8 +120,12 @@ impl Collectives {
         }
     }
 
-    fn worker(&mut self, queue: &wgpu::Queue) -> Result<&mpsc::Sender<Job>, ServerError> {
-        if self.worker.is_none() {
+    fn worker(
+        &mut self,
+        queue: &wgpu::Queue,
+        group: &[DeviceId],
+    ) -> Result<&mpsc::Sender<Job>, ServerError> {
+        if !self.workers.contains_key(group) {
             let (sender, receiver) = mpsc::channel();
             let queue = queue.clone();
             let pending = self.pending.clone();
@@ -110,11 +136,11 @@ impl Collectives {
                 .map_err(|e| {
                     ServerError::Driver(format!("cannot start the collective worker: {e}"))
                 })?;
-            self.worker = Some(sender);
+            self.workers.insert(group.to_vec(), sender);
         }
         Ok(self
-            .worker
-            .as_ref()
+            .workers
+            .get(group)
             .unwrap_or_else(|| unreachable!("started just above")))
     }
 
@@ -129,35 +155,38 @@ impl Collectives {
             .entry(slice)
             .or_insert(0) += 1;
         self.pending.count.fetch_add(1, Ordering::AcqRel);
-        let sent = self.worker(queue)?.send(Job::Round(Box::new(round)));
-        if sent.is_err() {
+        let group = round.group.clone();
+        let sent = self.worker(queue, &group).and_then(|worker| {
+            worker
+                .send(Job::Round(Box::new(round)))
+                .map_err(|_| ServerError::Driver("the collective worker stopped".into()))
+        });
+        if let Err(e) = sent {
             release(&self.pending, slice);
-            return Err(ServerError::Driver("the collective worker stopped".into()));
+            return Err(e);
         }
         Ok(())
     }
 
-    /// A receiver that completes once every round queued so far has finished, with the first
-    /// error they raised.
-    pub(crate) fn marker(
-        &mut self,
-        queue: &wgpu::Queue,
-        errors: &ErrorQueue,
-    ) -> Receiver<Result<(), ServerError>> {
+    /// A receiver that completes once every round queued so far (on every group's worker) has
+    /// finished, with the first error they raised.
+    pub(crate) fn marker(&mut self) -> Receiver<Result<(), ServerError>> {
         let (tx, rx) = compute_core::future::oneshot();
-        match self.worker(queue) {
-            Ok(worker) => {
-                if let Err(mpsc::SendError(Job::Marker(tx))) = worker.send(Job::Marker(tx)) {
-                    tx.send(Err(ServerError::Driver(
-                        "the collective worker stopped".into(),
-                    )));
-                }
-            }
-            Err(e) => {
-                errors.lock().push_back(e.clone());
-                tx.send(Err(e));
+        let marker = Arc::new(Marker {
+            // One count per worker, and one for this call (so none answers before all are sent).
+            remaining: AtomicUsize::new(self.workers.len() + 1),
+            done: Mutex::new(Some(tx)),
+        });
+        for worker in self.workers.values() {
+            if let Err(mpsc::SendError(Job::Marker(m))) = worker.send(Job::Marker(marker.clone())) {
+                self.errors
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push_back(ServerError::Driver("a collective worker stopped".into()));
+                m.reach(&self.errors);
             }
         }
+        marker.reach(&self.errors);
         rx
     }
 }
@@ -192,10 +221,7 @@ fn run(
                 }
                 release(&pending, slice);
             }
-            Job::Marker(tx) => {
-                let first = errors.lock().unwrap_or_else(|p| p.into_inner()).pop_front();
-                tx.send(first.map_or(Ok(()), Err));
-            }
+            Job::Marker(marker) => marker.reach(&errors),
         }
     }
 }

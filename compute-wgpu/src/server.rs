@@ -1414,7 +1414,7 @@ impl ComputeServer for WgpuServer {
     }
 
     fn sync_collective(&mut self, _stream: StreamId) -> DynFut<Result<(), ServerError>> {
-        let rx = self.collectives.marker(&self.queue, &self.errors);
+        let rx = self.collectives.marker();
         Box::pin(async move {
             rx.await
                 .unwrap_or_else(|| Err(ServerError::Driver("the collective worker stopped".into())))

@@ -48,6 +48,8 @@ struct Gen<'a> {
     atomics: HashSet<MemRef>,
     tmp: u32,
     uses_f16: bool,
+    /// Module-scope helper functions the body calls, each emitted once, in first-use order.
+    helpers: Vec<(String, String)>,
 }
 
 fn unsupported(kernel: &KernelDefinition, what: impl core::fmt::Display) -> ServerError {
@@ -77,6 +79,7 @@ impl<'a> Gen<'a> {
             atomics: HashSet::new(),
             tmp: 0,
             uses_f16: false,
+            helpers: Vec::new(),
         }
     }
 
@@ -281,6 +284,10 @@ impl<'a> Gen<'a> {
             };
             let _ = writeln!(head, "var<workgroup> s{k}: array<{ty}, {}>;", s.len.max(1));
         }
+        for (_, code) in &self.helpers {
+            head.push('\n');
+            head.push_str(code);
+        }
         let [x, y, z] = def.cube_dim();
         let _ = write!(
             head,
@@ -289,7 +296,10 @@ impl<'a> Gen<'a> {
              @builtin(num_workgroups) nwg: vec3<u32>"
         );
         if self.caps.subgroups {
-            head.push_str(", @builtin(subgroup_size) sg_size: u32, @builtin(subgroup_invocation_id) sg_id: u32");
+            head.push_str(", @builtin(subgroup_size) sg_size: u32");
+            if !self.multi_dimensional() {
+                head.push_str(", @builtin(subgroup_invocation_id) sg_id: u32");
+            }
         }
         head.push_str(") {\n");
         let _ = writeln!(head, "    let _cube_dim = vec3<u32>({x}u, {y}u, {z}u);");
@@ -585,6 +595,12 @@ impl<'a> Gen<'a> {
         Ok(())
     }
 
+    /// Whether the cube has more than one unit along y or z.
+    fn multi_dimensional(&self) -> bool {
+        let [_, y, z] = self.def.cube_dim();
+        y > 1 || z > 1
+    }
+
     fn need_subgroups(&self, what: &str) -> Result<()> {
         if self.caps.subgroups {
             Ok(())
@@ -626,7 +642,13 @@ impl<'a> Gen<'a> {
             }
             Builtin::UnitPosPlane => {
                 self.need_subgroups("unit_pos_plane")?;
-                "sg_id".into()
+                if self.multi_dimensional() {
+                    // WGSL allows `subgroup_invocation_id` with 1-D workgroups only; planes are
+                    // runs of consecutive unit indices, so the lane is the index modulo their size.
+                    "(lidx % sg_size)".into()
+                } else {
+                    "sg_id".into()
+                }
             }
         })
     }
@@ -659,6 +681,11 @@ impl<'a> Gen<'a> {
             UnaryOp::Exp => format!("exp({x})"),
             UnaryOp::Log => format!("log({x})"),
             UnaryOp::Log1p => format!("log({ty}(1) + {x})"),
+            UnaryOp::Sin | UnaryOp::Cos if self.item(a).elem == ElemType::F32 => {
+                let f = self.trig_helper(&ty);
+                let shift = u32::from(op == UnaryOp::Cos);
+                format!("{f}({x}, {shift})")
+            }
             UnaryOp::Sin => format!("sin({x})"),
             UnaryOp::Cos => format!("cos({x})"),
             UnaryOp::Tanh => format!("tanh({x})"),
@@ -682,6 +709,41 @@ impl<'a> Gen<'a> {
                 format!("(sign({x}) * ({ty}(1) - _p{n} * exp(-({x} * {x}))))")
             }
         }
+    }
+
+    /// The name of the helper `fn(x: ty, quadrant_shift: u32) -> ty` computing `sin(x)` (shift 0)
+    /// or `cos(x)` (shift 1) for an `f32` type `ty`, emitting it on first use.
+    ///
+    /// Drivers' `sin`/`cos` may lose accuracy away from 0 (NVIDIA's is an approximation of
+    /// absolute error ~1e-6 in [-pi, pi], growing with |x|: sin(100) = -0.5063725 against
+    /// -0.5063657). Here `x` is reduced to `r` in [-pi/4, pi/4] by Cody-Waite with a three-part
+    /// split of pi/2 (fused multiply-adds; the first part's 8 significant bits keep `k * C1`
+    /// exact for |x| up to ~2^16 * pi/2) and `sin(r)`, `cos(r)` are Cephes' minimax polynomials
+    /// (about 1 ulp), picked and signed by the quadrant.
+    fn trig_helper(&mut self, ty: &str) -> String {
+        let name = format!("_sincos_{}", ty.replace(['<', '>'], ""));
+        if self.helpers.iter().any(|(n, _)| *n == name) {
+            return name;
+        }
+        let ity = ty.replace("f32", "i32");
+        let uty = ty.replace("f32", "u32");
+        let code = format!(
+            "fn {name}(x: {ty}, shift: u32) -> {ty} {{
+    let k = round(x * {ty}(0.636619772367581343));
+    var r = fma(-k, {ty}(1.5703125), x);
+    r = fma(-k, {ty}(4.837512969970703125e-4), r);
+    r = fma(-k, {ty}(7.54978995489188216e-8), r);
+    let z = r * r;
+    let s = fma(fma(fma({ty}(-1.9515295891e-4), z, {ty}(8.3321608736e-3)), z, {ty}(-1.6666654611e-1)) * z, r, r);
+    let c = fma(fma(fma({ty}(2.443315711809948e-5), z, {ty}(-1.388731625493765e-3)), z, {ty}(4.166664568298827e-2)) * z, z, fma({ty}(-0.5), z, {ty}(1.0)));
+    let q = (bitcast<{uty}>({ity}(k)) + {uty}(shift)) & {uty}(3u);
+    let v = select(s, c, (q & {uty}(1u)) == {uty}(1u));
+    return select(v, -v, q >= {uty}(2u));
+}}
+"
+        );
+        self.helpers.push((name.clone(), code));
+        name
     }
 
     fn binary(&self, op: BinaryOp, a: ValueId, b: ValueId) -> String {

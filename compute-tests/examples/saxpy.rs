@@ -50,7 +50,7 @@ fn run<R: Runtime>() {
 }
 
 fn main() {
-    let mut tried = Vec::new();
+    let mut tried: Vec<String> = Vec::new();
     macro_rules! try_backend {
         ($feature:literal, $runtime:ty) => {
             #[cfg(feature = $feature)]
@@ -62,6 +62,7 @@ fn main() {
             }
         };
     }
+    try_backend!("vulkan", compute_vulkan::VulkanRuntime);
     try_backend!("cpu", compute_cpu::CpuRuntime);
     eprintln!("no backend available ({})", tried.join("; "));
     std::process::exit(1);

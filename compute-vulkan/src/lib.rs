@@ -36,6 +36,7 @@ mod context;
 mod device;
 mod kernel;
 mod pipeline;
+mod raw;
 mod runtime;
 mod server;
 pub mod spirv;
@@ -48,6 +49,7 @@ pub use device::{
 };
 pub use kernel::VulkanKernel;
 pub use pipeline::CACHE_DIR_ENV;
+pub use raw::RawDevice;
 pub use runtime::VulkanRuntime;
 pub use server::{VulkanInfo, VulkanServer, elem_types};
 pub use storage::{VulkanResource, VulkanStorage};

@@ -8,6 +8,8 @@ pub mod cpu;
 pub mod cpu_kernels;
 #[cfg(feature = "cuda")]
 pub mod cuda;
+#[cfg(feature = "vulkan")]
+pub mod vulkan;
 #[cfg(feature = "wgpu")]
 pub mod wgpu;
 

@@ -29,6 +29,8 @@ fn main() {
             "cpu" => rows.extend(compute_tests::bench::cpu::run(&filter)),
             #[cfg(feature = "wgpu")]
             "wgpu" => rows.extend(compute_tests::bench::wgpu::run(&filter)),
+            #[cfg(feature = "vulkan")]
+            "vulkan" => rows.extend(compute_tests::bench::vulkan::run(&filter)),
             #[cfg(feature = "cuda")]
             "cuda" => rows.extend(compute_tests::bench::cuda::run(&filter)),
             other => eprintln!("bench: no benchmarks for backend {other} in this build"),

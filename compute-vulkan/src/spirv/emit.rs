@@ -346,6 +346,9 @@ impl<'a> Emitter<'a> {
 
     fn declare(&mut self) -> Result<(), ServerError> {
         let def = self.def;
+        if self.caps.version < (1, 3) {
+            self.m.ext("SPV_KHR_storage_buffer_storage_class");
+        }
         for (k, b) in def.buffers().iter().enumerate() {
             let w = u32::from(b.vector_width);
             let per_chunk = w.min(4);

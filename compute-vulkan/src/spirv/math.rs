@@ -1,18 +1,20 @@
 //! Float math routines emitted inline.
 //!
-//! `f32` uses `GLSL.std.450` for exp, log, sin, cos and pow; `GLSL.std.450` accepts only 16- and
-//! 32-bit floats there, so `f64` gets its own routines (accurate to a few ulps over the usual
-//! ranges):
+//! `f32` uses `GLSL.std.450` for exp and pow; `GLSL.std.450` accepts only 16- and 32-bit floats
+//! there, so `f64` gets its own routines (accurate to a few ulps over the usual ranges):
 //! - exp: `k = round(x / ln 2)`, `r = x - k ln 2` with a two-part `ln 2` (fused), a degree-14
 //!   Taylor polynomial on `|r| <= 0.35`, then `2^k` applied as two exact power-of-two factors (so
 //!   subnormal results round once);
-//! - log: exponent and mantissa from the bits (subnormals pre-scaled by `2^54`), the mantissa in
-//!   `[sqrt(1/2), sqrt(2))`, `log(m) = 2 atanh(s)`, `s = (m - 1) / (m + 1)`, a series in `s^2`;
-//! - sin, cos: `k = round(x * 2 / pi)`, a three-part fused Cody-Waite reduction (accurate for
-//!   `|x|` up to about `1e9`), Taylor polynomials on `[-pi/4, pi/4]`, the quadrant from `k mod 4`;
 //! - pow: `exp(y log |x|)`, sign and special cases handled around it.
 //!
 //! Every float type (`f16` and `bf16` in `f32`) uses the same routines for:
+//! - log: exponent and mantissa from the bits (subnormals pre-scaled), the mantissa in
+//!   `[sqrt(1/2), sqrt(2))`, `log(m) = 2 atanh(s)`, `s = (m - 1) / (m + 1)`, a series in `s^2`
+//!   (`GLSL.std.450 Log` only promises an absolute `2^-21` near 1, too coarse for `log1p`);
+//! - sin, cos: `k = round(x * 2 / pi)`, a three-part fused Cody-Waite reduction of `pi / 2`
+//!   (accurate while `k` fits the mantissa), Taylor polynomials on `[-pi/4, pi/4]`, the quadrant
+//!   from `k mod 4` (`GLSL.std.450` sin/cos only promise an absolute error of `2^-11`, and fast
+//!   hardware sine loses digits for arguments like 100);
 //! - tanh: `expm1(2|x|) / (expm1(2|x|) + 2)` with a Taylor `expm1` below `|x| < 0.625`,
 //!   `1 - 2 / (exp(2|x|) + 1)` above, the sign restored;
 //! - log1p: `u = 1 + x`, `log(u) * x / (u - 1)` (exact where `u - 1 == 0`: `x`);
@@ -26,11 +28,23 @@ use spirv::Op;
 use super::emit::Emitter;
 use super::words::gl;
 
-const LN2_HI: f64 = f64::from_bits(0x3FE6_2E42_FEFA_39EF);
-const LN2_LO: f64 = f64::from_bits(0x3C7A_BC9E_3B39_803F);
-const PIO2_1: f64 = f64::from_bits(0x3FF9_21FB_5444_2D18);
-const PIO2_2: f64 = f64::from_bits(0x3C91_A626_3314_5C07);
-const PIO2_3: f64 = f64::from_bits(0xB91F_1976_B7ED_8FBC);
+// Cody-Waite constants whose leading parts have trailing zero bits, so `k * part` is exact for
+// the `k` that occur (no reliance on a fused multiply-add: `GLSL.std.450 Fma` may be unfused).
+/// `ln 2`, high 32 bits.
+const LN2_HI: f64 = f64::from_bits(0x3FE6_2E42_FEE0_0000);
+/// `ln 2 - LN2_HI`.
+const LN2_LO: f64 = f64::from_bits(0x3DEA_39EF_3579_3C76);
+/// `pi / 2` in three 33-bit parts and a tail.
+const PIO2_1: f64 = f64::from_bits(0x3FF9_21FB_5440_0000);
+const PIO2_2: f64 = f64::from_bits(0x3DD0_B461_1A60_0000);
+const PIO2_3: f64 = f64::from_bits(0x3BA3_198A_2E00_0000);
+const PIO2_3T: f64 = f64::from_bits(0x397B_839A_2520_49C1);
+/// `pi / 2` in f32 parts (8, 11 bits and the rest), as Cephes' `sinf`.
+const PIO2_F32: [f64; 3] = [
+    1.5703125,
+    4.837_512_969_970_703_125e-4,
+    7.549_789_954_891_882e-8,
+];
 
 /// `1 / n!` for `n` in `0..=max`, alternating in sign when `alt`, every `step`-th from `first`.
 fn inv_factorials(first: u32, step: u32, count: usize, alt: bool) -> Vec<f64> {
@@ -57,9 +71,20 @@ impl Emitter<'_> {
         self.m.c_float(mb, v)
     }
 
+    /// A float operation the driver must neither contract nor reassociate (`NoContraction`:
+    /// the routines rely on exact steps like `(1 + x) - 1` and Cody-Waite reductions).
     fn f2(&mut self, op: Op, mb: u32, a: u32, b: u32) -> u32 {
         let t = self.fty(mb);
-        self.op(op, t, &[a, b])
+        let id = self.op(op, t, &[a, b]);
+        self.m.decorate(id, spirv::Decoration::NoContraction, &[]);
+        id
+    }
+
+    /// `x - k * c`, exact when `k * c` is.
+    fn reduce(&mut self, mb: u32, x: u32, k: u32, c: f64) -> u32 {
+        let cc = self.c(mb, c);
+        let p = self.f2(Op::FMul, mb, k, cc);
+        self.f2(Op::FSub, mb, x, p)
     }
 
     fn ffma(&mut self, mb: u32, a: u32, b: u32, c: u32) -> u32 {
@@ -98,14 +123,7 @@ impl Emitter<'_> {
             }
             UnaryOp::Exp => self.exp_(mb, x),
             UnaryOp::Log => self.log_(mb, x),
-            UnaryOp::Sin | UnaryOp::Cos => {
-                if mb == 32 {
-                    let f = if op == UnaryOp::Sin { gl::SIN } else { gl::COS };
-                    self.gl(t, f, &[x])
-                } else {
-                    self.sincos64(x, op == UnaryOp::Sin)
-                }
-            }
+            UnaryOp::Sin | UnaryOp::Cos => self.sincos(mb, x, op == UnaryOp::Sin),
             UnaryOp::Tanh => self.tanh_(mb, x),
             UnaryOp::Log1p => {
                 let one = self.c(mb, 1.0);
@@ -136,10 +154,8 @@ impl Emitter<'_> {
         let l2e = self.c(64, core::f64::consts::LOG2_E);
         let kx = self.f2(Op::FMul, 64, xc, l2e);
         let k = self.gl(t, gl::ROUND_EVEN, &[kx]);
-        let nh = self.c(64, -LN2_HI);
-        let nl = self.c(64, -LN2_LO);
-        let r = self.ffma(64, k, nh, xc);
-        let r = self.ffma(64, k, nl, r);
+        let r = self.reduce(64, xc, k, LN2_HI);
+        let r = self.reduce(64, r, k, LN2_LO);
         let coeffs = inv_factorials(0, 1, 15, false);
         let p = self.horner(64, r, &coeffs);
         let i32t = self.m.t_int(32);
@@ -177,100 +193,136 @@ impl Emitter<'_> {
         self.op(Op::Bitcast, f, &[b])
     }
 
-    /// Natural logarithm.
+    /// Natural logarithm (own routine for both widths: `GLSL.std.450 Log` only promises an
+    /// absolute error of `2^-21` near 1, too coarse for `log1p`).
     pub fn log_(&mut self, mb: u32, x: u32) -> u32 {
         let t = self.fty(mb);
-        if mb == 32 {
-            return self.gl(t, gl::LOG, &[x]);
-        }
         let i32t = self.m.t_int(32);
-        let u64t = self.m.t_int(64);
+        let ut = self.m.t_int(mb);
         let bt = self.m.t_bool();
-        let min_normal = self.c(64, f64::MIN_POSITIVE);
+        // (mantissa bits, exponent mask, bias, subnormal pre-scale, series terms, ln 2 parts)
+        let (mant_bits, emask, bias, pre, terms, ln2) = if mb == 64 {
+            (52u32, 0x7ffu64, 1023u32, 54u32, 12, (LN2_HI, LN2_LO))
+        } else {
+            // ln 2 as Cephes' logf: 0.693359375 (9 bits) + the rest.
+            (
+                23,
+                0xff,
+                127,
+                24,
+                6,
+                (0.693_359_375, -2.121_944_400_546_905_8e-4),
+            )
+        };
+        let min_normal = if mb == 64 {
+            f64::MIN_POSITIVE
+        } else {
+            f64::from(f32::MIN_POSITIVE)
+        };
+        let min_normal = self.c(mb, min_normal);
         let tiny = self.fcmp(Op::FOrdLessThan, x, min_normal);
-        let scale = self.c(64, 2f64.powi(54));
-        let xs = self.f2(Op::FMul, 64, x, scale);
-        let xs = self.sel(64, tiny, xs, x);
-        let b = self.op(Op::Bitcast, u64t, &[xs]);
-        let s52 = self.m.c_int(64, 52);
-        let eb = self.op(Op::ShiftRightLogical, u64t, &[b, s52]);
-        let m7ff = self.m.c_int(64, 0x7ff);
-        let eb = self.op(Op::BitwiseAnd, u64t, &[eb, m7ff]);
-        let e = self.op(Op::UConvert, i32t, &[eb]);
-        let bias = self.m.c_u32(1023);
-        let e = self.op(Op::ISub, i32t, &[e, bias]);
-        let c54 = self.m.c_u32(54);
+        let scale = self.c(mb, 2f64.powi(pre as i32));
+        let xs = self.f2(Op::FMul, mb, x, scale);
+        let xs = self.sel(mb, tiny, xs, x);
+        let b = self.op(Op::Bitcast, ut, &[xs]);
+        let sh = self.m.c_int(mb, u64::from(mant_bits));
+        let eb = self.op(Op::ShiftRightLogical, ut, &[b, sh]);
+        let em = self.m.c_int(mb, emask);
+        let eb = self.op(Op::BitwiseAnd, ut, &[eb, em]);
+        let e = if mb == 64 {
+            self.op(Op::UConvert, i32t, &[eb])
+        } else {
+            eb
+        };
+        let cb = self.m.c_u32(bias);
+        let e = self.op(Op::ISub, i32t, &[e, cb]);
+        let cpre = self.m.c_u32(pre);
         let c0 = self.m.c_u32(0);
-        let adj = self.op(Op::Select, i32t, &[tiny, c54, c0]);
+        let adj = self.op(Op::Select, i32t, &[tiny, cpre, c0]);
         let e = self.op(Op::ISub, i32t, &[e, adj]);
-        let mant = self.m.c_int(64, 0x000F_FFFF_FFFF_FFFF);
-        let one_bits = self.m.c_int(64, 0x3FF0_0000_0000_0000);
-        let mb_ = self.op(Op::BitwiseAnd, u64t, &[b, mant]);
-        let mb_ = self.op(Op::BitwiseOr, u64t, &[mb_, one_bits]);
-        let m = self.op(Op::Bitcast, t, &[mb_]);
-        let sqrt2 = self.c(64, core::f64::consts::SQRT_2);
+        let mant = self.m.c_int(mb, (1u64 << mant_bits) - 1);
+        let one_bits = self.m.c_int(mb, u64::from(bias) << mant_bits);
+        let mbits = self.op(Op::BitwiseAnd, ut, &[b, mant]);
+        let mbits = self.op(Op::BitwiseOr, ut, &[mbits, one_bits]);
+        let m = self.op(Op::Bitcast, t, &[mbits]);
+        let sqrt2 = self.c(mb, core::f64::consts::SQRT_2);
         let big = self.fcmp(Op::FOrdGreaterThan, m, sqrt2);
-        let half = self.c(64, 0.5);
-        let mh = self.f2(Op::FMul, 64, m, half);
-        let m = self.sel(64, big, mh, m);
+        let half = self.c(mb, 0.5);
+        let mh = self.f2(Op::FMul, mb, m, half);
+        let m = self.sel(mb, big, mh, m);
         let c1 = self.m.c_u32(1);
         let e1 = self.op(Op::IAdd, i32t, &[e, c1]);
         let e = self.op(Op::Select, i32t, &[big, e1, e]);
-        let one = self.c(64, 1.0);
-        let f = self.f2(Op::FSub, 64, m, one);
-        let d = self.f2(Op::FAdd, 64, m, one);
-        let s = self.f2(Op::FDiv, 64, f, d);
-        let s2 = self.f2(Op::FMul, 64, s, s);
-        let coeffs: Vec<f64> = (0..12).map(|k| 2.0 / f64::from(2 * k + 1)).collect();
-        let p = self.horner(64, s2, &coeffs);
-        let lm = self.f2(Op::FMul, 64, s, p);
+        let one = self.c(mb, 1.0);
+        let f = self.f2(Op::FSub, mb, m, one);
+        let d = self.f2(Op::FAdd, mb, m, one);
+        let s = self.f2(Op::FDiv, mb, f, d);
+        let s2 = self.f2(Op::FMul, mb, s, s);
+        let coeffs: Vec<f64> = (0..terms).map(|k| 2.0 / f64::from(2 * k + 1)).collect();
+        let p = self.horner(mb, s2, &coeffs);
+        let lm = self.f2(Op::FMul, mb, s, p);
         let ef = self.op(Op::ConvertSToF, t, &[e]);
-        let lh = self.c(64, LN2_HI);
-        let ll = self.c(64, LN2_LO);
-        let lo = self.ffma(64, ef, ll, lm);
-        let r = self.ffma(64, ef, lh, lo);
-        let inf = self.c(64, f64::INFINITY);
-        let ninf = self.c(64, f64::NEG_INFINITY);
-        let nan = self.c(64, f64::NAN);
-        let zero = self.c(64, 0.0);
+        // e * ln2_hi is exact; the small parts are summed first.
+        let ll = self.c(mb, ln2.1);
+        let lo = self.f2(Op::FMul, mb, ef, ll);
+        let lo = self.f2(Op::FAdd, mb, lo, lm);
+        let lh = self.c(mb, ln2.0);
+        let hi = self.f2(Op::FMul, mb, ef, lh);
+        let r = self.f2(Op::FAdd, mb, hi, lo);
+        let inf = self.c(mb, f64::INFINITY);
+        let ninf = self.c(mb, f64::NEG_INFINITY);
+        let nan = self.c(mb, f64::NAN);
+        let zero = self.c(mb, 0.0);
         let is_inf = self.fcmp(Op::FOrdEqual, x, inf);
         let is_zero = self.fcmp(Op::FOrdEqual, x, zero);
         let neg = self.fcmp(Op::FOrdLessThan, x, zero);
         let xnan = self.op(Op::IsNan, bt, &[x]);
         let bad = self.op(Op::LogicalOr, bt, &[neg, xnan]);
-        let r = self.sel(64, is_inf, inf, r);
-        let r = self.sel(64, is_zero, ninf, r);
-        self.sel(64, bad, nan, r)
+        let r = self.sel(mb, is_inf, inf, r);
+        let r = self.sel(mb, is_zero, ninf, r);
+        self.sel(mb, bad, nan, r)
     }
 
-    /// `sin x` or `cos x` in `f64`.
-    fn sincos64(&mut self, x: u32, sin: bool) -> u32 {
-        let t = self.fty(64);
+    /// `sin x` or `cos x` (`mb` = 32 or 64 bits).
+    fn sincos(&mut self, mb: u32, x: u32, sin: bool) -> u32 {
+        let t = self.fty(mb);
         let i32t = self.m.t_int(32);
         let bt = self.m.t_bool();
-        let two_pi = self.c(64, core::f64::consts::FRAC_2_PI);
-        let kx = self.f2(Op::FMul, 64, x, two_pi);
+        let two_pi = self.c(mb, core::f64::consts::FRAC_2_PI);
+        let kx = self.f2(Op::FMul, mb, x, two_pi);
         let k = self.gl(t, gl::ROUND_EVEN, &[kx]);
-        let p1 = self.c(64, -PIO2_1);
-        let p2 = self.c(64, -PIO2_2);
-        let p3 = self.c(64, -PIO2_3);
-        let r = self.ffma(64, k, p1, x);
-        let r = self.ffma(64, k, p2, r);
-        let r = self.ffma(64, k, p3, r);
-        let r2 = self.f2(Op::FMul, 64, r, r);
-        let sc = inv_factorials(1, 2, 9, true);
-        let sp = self.horner(64, r2, &sc);
-        let s = self.f2(Op::FMul, 64, r, sp);
-        let cc = inv_factorials(0, 2, 10, true);
-        let c = self.horner(64, r2, &cc);
-        // The quadrant: k mod 4 (through i64 so large |k| still wraps correctly).
-        let i64t = self.m.t_int(64);
-        let big = self.c(64, 9.0e15);
-        let nbig = self.c(64, -9.0e15);
+        let r = if mb == 64 {
+            let r = self.reduce(64, x, k, PIO2_1);
+            let r = self.reduce(64, r, k, PIO2_2);
+            let r = self.reduce(64, r, k, PIO2_3);
+            self.reduce(64, r, k, PIO2_3T)
+        } else {
+            let r = self.reduce(32, x, k, PIO2_F32[0]);
+            let r = self.reduce(32, r, k, PIO2_F32[1]);
+            self.reduce(32, r, k, PIO2_F32[2])
+        };
+        let r2 = self.f2(Op::FMul, mb, r, r);
+        let (ns, nc) = if mb == 64 { (9, 10) } else { (6, 7) };
+        let sc = inv_factorials(1, 2, ns, true);
+        let sp = self.horner(mb, r2, &sc);
+        let s = self.f2(Op::FMul, mb, r, sp);
+        let cc = inv_factorials(0, 2, nc, true);
+        let c = self.horner(mb, r2, &cc);
+        // The quadrant: k mod 4 (k clamped so the conversion stays defined; past the clamp the
+        // reduction is meaningless anyway).
+        let lim = if mb == 64 { 9.0e15 } else { 1.0e9 };
+        let big = self.c(mb, lim);
+        let nbig = self.c(mb, -lim);
         let kc = self.gl(t, gl::FMIN, &[k, big]);
         let kc = self.gl(t, gl::FMAX, &[kc, nbig]);
-        let k64 = self.op(Op::ConvertFToS, i64t, &[kc]);
-        let q = self.op(Op::UConvert, i32t, &[k64]);
+        let q = if mb == 64 {
+            let i64t = self.m.t_int(64);
+            let k64 = self.op(Op::ConvertFToS, i64t, &[kc]);
+            self.op(Op::UConvert, i32t, &[k64])
+        } else {
+            self.op(Op::ConvertFToS, i32t, &[kc])
+        };
+        // cos(x) = sin(x + pi/2): shift the quadrant by one.
         let q = if sin {
             q
         } else {
@@ -284,10 +336,10 @@ impl Emitter<'_> {
         let odd = self.op(Op::INotEqual, bt, &[odd, zero]);
         let neg = self.op(Op::BitwiseAnd, i32t, &[q, two]);
         let neg = self.op(Op::INotEqual, bt, &[neg, zero]);
-        // sin: q even -> sin r, odd -> cos r; cos(x) = sin(x + pi/2): shift the quadrant.
-        let v = self.sel(64, odd, c, s);
+        // Quadrant q: sin r, cos r, -sin r, -cos r.
+        let v = self.sel(mb, odd, c, s);
         let nv = self.op(Op::FNegate, t, &[v]);
-        self.sel(64, neg, nv, v)
+        self.sel(mb, neg, nv, v)
     }
 
     /// Hyperbolic tangent.

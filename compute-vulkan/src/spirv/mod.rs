@@ -67,6 +67,8 @@
 //! The compiler requires `shaderInt8` (`shaderInt16`) for any 8-bit (16-bit) integer, including
 //! `bool` buffers (stored as `u8`) and `bf16` buffers (stored as `u16`).
 
+#[cfg(test)]
+mod device_tests;
 mod emit;
 mod math;
 mod ops;

@@ -12,11 +12,8 @@ pub(super) mod gl {
     pub const FABS: u32 = 4;
     pub const FLOOR: u32 = 8;
     pub const CEIL: u32 = 9;
-    pub const SIN: u32 = 13;
-    pub const COS: u32 = 14;
     pub const POW: u32 = 26;
     pub const EXP: u32 = 27;
-    pub const LOG: u32 = 28;
     pub const SQRT: u32 = 31;
     pub const FMIN: u32 = 37;
     pub const FMAX: u32 = 40;

@@ -6,8 +6,8 @@
 //! 128-bit `OpLoad`. Register types: `bool`, integers by bit width (signedness 0; the signed
 //! operations pick the interpretation), `f16`, `f32`, `f64`, and `f32` for `bf16` (every `bf16`
 //! result is rounded to a representable `bf16`, so the `f32` holds the value exactly). In global
-//! memory `bool` is a `u8` (0/1) and `bf16` a `u16`. Shared memory and local arrays are flat
-//! arrays of the register type (`len * width` scalars). Variables are one `Function` variable per
+//! memory `bool` is a `u8` (0/1) and `bf16` a `u16`, and so in shared memory when the device has
+//! 8/16-bit integers. Shared memory and local arrays are flat arrays of `len * width` scalars. Variables are one `Function` variable per
 //! component, so no phis are needed except after guarded (bounds checked) loads.
 
 use std::collections::HashMap;
@@ -104,6 +104,7 @@ pub(super) struct Emitter<'a> {
     layout: ArgLayout,
     uses_info: bool,
     pub uses_subgroups: bool,
+    subgroup_extended_types: bool,
 }
 
 impl<'a> Emitter<'a> {
@@ -144,6 +145,7 @@ impl<'a> Emitter<'a> {
             layout,
             uses_info: false,
             uses_subgroups: false,
+            subgroup_extended_types: false,
         })
     }
 
@@ -239,6 +241,26 @@ impl<'a> Emitter<'a> {
             ElemType::F16 => self.m.t_float(16),
             ElemType::BF16 | ElemType::F32 => self.m.t_float(32),
             ElemType::F64 => self.m.t_float(64),
+        }
+    }
+
+    /// Whether shared memory holds `elem` in its global-memory form (`bool` as `u8`, `bf16` as
+    /// `u16`, so the arrays take the bytes the IR accounts for), when the device has the 8/16-bit
+    /// integers for it.
+    fn shared_packed(&self, elem: ElemType) -> bool {
+        match elem {
+            ElemType::Bool => self.caps.int8,
+            ElemType::BF16 => self.caps.int16,
+            _ => false,
+        }
+    }
+
+    /// The element type of a shared or local array's scalars.
+    fn array_elem_ty(&mut self, mem: MemRef, elem: ElemType) -> u32 {
+        if matches!(mem, MemRef::Shared(_)) && self.shared_packed(elem) {
+            self.storage_ty(elem)
+        } else {
+            self.reg_ty(elem)
         }
     }
 
@@ -396,7 +418,7 @@ impl<'a> Emitter<'a> {
             });
         }
         for s in def.shared() {
-            let ty = self.reg_ty(s.item.elem);
+            let ty = self.array_elem_ty(MemRef::Shared(0), s.item.elem);
             let n = (s.len * u32::from(s.item.width)).max(1);
             let arr = self.m.t_array(ty, n);
             let ptr = self.m.t_ptr(StorageClass::Workgroup, arr);
@@ -855,7 +877,7 @@ impl<'a> Emitter<'a> {
             let cc = self.m.c_u32(c);
             self.op(Op::IAdd, u, &[m, cc])
         };
-        let ty = self.reg_ty(item.elem);
+        let ty = self.array_elem_ty(mem, item.elem);
         let pt = self.m.t_ptr(class, ty);
         Ok(self.op(Op::AccessChain, pt, &[var, flat]))
     }
@@ -1036,10 +1058,13 @@ impl<'a> Emitter<'a> {
         self.guarded(guard, &tys, |e| match mem {
             MemRef::Global(b) => Ok(e.load_global(b, a)),
             _ => {
+                let packed = matches!(mem, MemRef::Shared(_)) && e.shared_packed(item.elem);
+                let st = e.array_elem_ty(mem, item.elem);
                 let mut out = Vec::new();
                 for c in 0..u32::from(item.width) {
                     let p = e.array_ptr(mem, a, c)?;
-                    out.push(e.op(Op::Load, ty, &[p]));
+                    let v = e.op(Op::Load, st, &[p]);
+                    out.push(if packed { e.load_conv(item.elem, v) } else { v });
                 }
                 Ok(out)
             }
@@ -1065,7 +1090,13 @@ impl<'a> Emitter<'a> {
                     e.store_global(b, a, &vals);
                 }
                 _ => {
+                    let packed = matches!(mem, MemRef::Shared(_)) && e.shared_packed(item.elem);
                     for (c, &v) in vals.iter().enumerate() {
+                        let v = if packed {
+                            e.store_conv(item.elem, v)
+                        } else {
+                            v
+                        };
                         let p = e.array_ptr(mem, a, c as u32)?;
                         e.op_void(Op::Store, &[p, v]);
                     }
@@ -1460,7 +1491,6 @@ impl<'a> Emitter<'a> {
                 let ty = self.reg_ty(elem);
                 let xs = self.get(*x)?;
                 let l = self.lane_u32(*lane)?;
-                let scope = self.m.c_u32(SCOPE_SUBGROUP);
                 let use_broadcast = broadcast && self.caps.version >= (1, 5);
                 if use_broadcast {
                     self.m.cap(Capability::GroupNonUniformBallot);
@@ -1469,12 +1499,7 @@ impl<'a> Emitter<'a> {
                 }
                 let mut out = Vec::with_capacity(w);
                 for x in xs {
-                    let r = if use_broadcast {
-                        self.op(Op::GroupNonUniformBroadcast, ty, &[scope, x, l])
-                    } else {
-                        self.op(Op::GroupNonUniformShuffle, ty, &[scope, x, l])
-                    };
-                    out.push(r);
+                    out.push(self.lane_op(elem, ty, x, l, use_broadcast)?);
                 }
                 out
             }
@@ -1489,6 +1514,53 @@ impl<'a> Emitter<'a> {
                     .map(|i| self.op(Op::CompositeExtract, u, &[b, i]))
                     .collect()
             }
+        })
+    }
+
+    /// Broadcast or shuffle one scalar. 8/16-bit integers and `f16` move as 32 bits and 64-bit
+    /// integers as two 32-bit halves, so no `shaderSubgroupExtendedTypes` is needed.
+    fn lane_op(
+        &mut self,
+        elem: ElemType,
+        ty: u32,
+        x: u32,
+        lane: u32,
+        broadcast: bool,
+    ) -> Result<u32, ServerError> {
+        let scope = self.m.c_u32(SCOPE_SUBGROUP);
+        let one = |e: &mut Self, t: u32, v: u32| {
+            if broadcast {
+                e.op(Op::GroupNonUniformBroadcast, t, &[scope, v, lane])
+            } else {
+                e.op(Op::GroupNonUniformShuffle, t, &[scope, v, lane])
+            }
+        };
+        let u = self.m.t_u32();
+        Ok(match elem {
+            ElemType::I8 | ElemType::U8 | ElemType::I16 | ElemType::U16 => {
+                let w = self.op(Op::UConvert, u, &[x]);
+                let r = one(self, u, w);
+                self.op(Op::UConvert, ty, &[r])
+            }
+            ElemType::F16 => {
+                let w = self.widen_math(elem, x);
+                let f = self.m.t_float(32);
+                let r = one(self, f, w);
+                self.narrow_math(elem, r)
+            }
+            ElemType::I64 | ElemType::U64 => {
+                let s = self.m.c_u32(32);
+                let lo = self.op(Op::UConvert, u, &[x]);
+                let hi = self.op(Op::ShiftRightLogical, ty, &[x, s]);
+                let hi = self.op(Op::UConvert, u, &[hi]);
+                let lo = one(self, u, lo);
+                let hi = one(self, u, hi);
+                let lo = self.op(Op::UConvert, ty, &[lo]);
+                let hi = self.op(Op::UConvert, ty, &[hi]);
+                let hi = self.op(Op::ShiftLeftLogical, ty, &[hi, s]);
+                self.op(Op::BitwiseOr, ty, &[hi, lo])
+            }
+            _ => one(self, ty, x),
         })
     }
 
@@ -1672,6 +1744,9 @@ impl<'a> Emitter<'a> {
             }
             e => (e, x),
         };
+        if matches!(ce, ElemType::I64 | ElemType::U64) {
+            self.subgroup_extended_types = true;
+        }
         let ty = self.reg_ty(ce);
         let float = ce.is_float();
         let signed = ce.is_signed_int();
@@ -1776,6 +1851,7 @@ impl<'a> Emitter<'a> {
                 .map(|b| b.item().size() as u64)
                 .collect(),
             uses_subgroups: self.uses_subgroups,
+            subgroup_extended_types: self.subgroup_extended_types,
             capabilities,
             extensions: self.m.extensions.iter().map(|s| s.to_string()).collect(),
         }

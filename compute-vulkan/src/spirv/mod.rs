@@ -47,7 +47,10 @@
 //!   128-bit load or store. `bool` is stored as `u8` (0/1, `!= 0` on load), `bf16` as `u16` (computed
 //!   in `f32`, rounded to nearest even after every operation, NaN kept).
 //! - Shared memory (Workgroup) and local arrays (Function, zero-initialised) are flat arrays of
-//!   `len * width` scalars of the register type; variables are one Function variable per component.
+//!   `len * width` scalars of the register type (shared `bool`/`bf16` as `u8`/`u16` when the
+//!   device has 8/16-bit integers, so shared arrays take the bytes
+//!   `KernelDefinition::shared_memory_bytes` counts); variables are one Function variable per
+//!   component.
 //! - Bounds checks (global in `checked` launches, shared and local always) are structured
 //!   selections: a guarded load merges with 0 through an `OpPhi`, stores and atomics are skipped.
 //!
@@ -60,8 +63,10 @@
 //! `Int64Atomics` -> `shaderBufferInt64Atomics`/`shaderSharedInt64Atomics`,
 //! `AtomicFloat32AddEXT` -> `shaderBufferFloat32AtomicAdd`/`shaderSharedFloat32AtomicAdd`
 //! (`VK_EXT_shader_atomic_float`), `GroupNonUniform*` -> the subgroup operations. Plane reductions
-//! of 64-bit integers use 64-bit subgroup arithmetic (`shaderSubgroupExtendedTypes`, Vulkan 1.2);
-//! 8/16-bit integers and `f16` are reduced in 32 bits, so they need nothing more. Simplest: enable
+//! of 64-bit integers use 64-bit subgroup arithmetic (`shaderSubgroupExtendedTypes`, Vulkan 1.2;
+//! flagged by [`SpirvKernel::subgroup_extended_types`]); 8/16-bit integers and `f16` are reduced
+//! in 32 bits and broadcasts/shuffles move 64-bit integers as two halves, so they need nothing
+//! more. Simplest: enable
 //! every feature [`SpirvCaps`] reports, once, at device creation.
 //!
 //! The compiler requires `shaderInt8` (`shaderInt16`) for any 8-bit (16-bit) integer, including
@@ -151,6 +156,9 @@ pub struct SpirvKernel {
     /// Whether the module uses subgroup operations or builtins (the pipeline's stage must
     /// support them).
     pub uses_subgroups: bool,
+    /// Whether the module reduces 64-bit integers over a subgroup, which needs
+    /// `shaderSubgroupExtendedTypes` (Vulkan 1.2); launch it only where the device has it.
+    pub subgroup_extended_types: bool,
     /// The SPIR-V capabilities the module declares (see the module docs for the matching
     /// Vulkan features).
     pub capabilities: Vec<spirv::Capability>,

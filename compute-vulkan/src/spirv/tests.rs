@@ -455,7 +455,13 @@ fn plane_operations_validate() {
         let b = k.ballot(c);
         k.store(bal, i, b);
         let def = k.build().expect("builds");
-        compile_valid(&def);
+        let sk = compile_valid(&def);
+        assert!(sk.uses_subgroups);
+        assert_eq!(
+            sk.subgroup_extended_types,
+            matches!(elem, ElemType::I64 | ElemType::U64),
+            "{elem}: only 64-bit integer reductions need extended subgroup types"
+        );
         // SPIR-V 1.3 (Vulkan 1.1): broadcast of a non-constant id goes through shuffle.
         let caps = SpirvCaps {
             version: (1, 3),

@@ -7,6 +7,7 @@
 //! the server that touches that output waits for it (in `resolve`).
 
 use std::collections::{BTreeSet, VecDeque};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Condvar, Mutex};
 
@@ -49,6 +50,8 @@ enum Job {
 struct Pending {
     slices: Mutex<HashMap<SliceId, u32>>,
     done: Condvar,
+    /// Rounds not yet written: lets the launch path skip the lock when there are none.
+    count: AtomicUsize,
 }
 
 /// The collective state of one server.
@@ -81,6 +84,9 @@ impl Collectives {
 
     /// Block until no pending round writes `slice`.
     pub(crate) fn wait_for(&self, slice: SliceId) {
+        if self.pending.count.load(Ordering::Acquire) == 0 {
+            return;
+        }
         let mut slices = self
             .pending
             .slices
@@ -128,6 +134,7 @@ impl Collectives {
         round: Round,
     ) -> Result<(), ServerError> {
         let slice = round.dst_binding.handle().memory().id();
+        self.pending.count.fetch_add(1, Ordering::AcqRel);
         *self
             .pending
             .slices
@@ -183,6 +190,7 @@ impl Collectives {
 fn release(pending: &Pending, slice: SliceId) {
     let mut slices = pending.slices.lock().unwrap_or_else(|p| p.into_inner());
     if let Some(n) = slices.get_mut(&slice) {
+        pending.count.fetch_sub(1, Ordering::AcqRel);
         *n -= 1;
         if *n == 0 {
             slices.remove(&slice);

@@ -33,6 +33,7 @@
 mod batch;
 mod collective;
 mod context;
+mod descriptors;
 mod device;
 mod kernel;
 mod pipeline;

@@ -24,6 +24,12 @@ pub(crate) struct Pipeline {
     pub(crate) info_binding: u32,
     pub(crate) item_sizes: Vec<u64>,
     pub(crate) push_constant_bytes: u32,
+    /// Whether set 0 is a push descriptor set (else launches bind cached descriptor sets).
+    pub(crate) push_descriptors: bool,
+    /// The set layout, for allocating cached sets.
+    pub(crate) set_layout_handle: vk::DescriptorSetLayout,
+    /// Process-unique id (the descriptor cache key).
+    pub(crate) id: u64,
 }
 
 impl Pipeline {
@@ -33,6 +39,7 @@ impl Pipeline {
         cache: vk::PipelineCache,
         name: &str,
         compiled: SpirvKernel,
+        push_descriptors: bool,
     ) -> Result<Self, ServerError> {
         let device = &ctx.device;
         let buffers = compiled.buffer_item_sizes.len() as u32;
@@ -58,10 +65,14 @@ impl Pipeline {
             ServerError::Compilation(format!("kernel `{name}`: {what} failed: {e}"))
         };
         let set_info = vk::DescriptorSetLayoutCreateInfo::default()
-            .flags(vk::DescriptorSetLayoutCreateFlags::PUSH_DESCRIPTOR_KHR)
+            .flags(if push_descriptors {
+                vk::DescriptorSetLayoutCreateFlags::PUSH_DESCRIPTOR_KHR
+            } else {
+                vk::DescriptorSetLayoutCreateFlags::empty()
+            })
             .bindings(&bindings);
-        // SAFETY: a valid create info; the device has VK_KHR_push_descriptor (checked by the
-        // server before compiling).
+        // SAFETY: a valid create info; with the push flag only when the device has
+        // VK_KHR_push_descriptor (the server's choice).
         let set_layout = unsafe { device.create_descriptor_set_layout(&set_info, None) }
             .map_err(|e| failed("vkCreateDescriptorSetLayout", e))?;
         let ranges = [vk::PushConstantRange::default()
@@ -130,6 +141,12 @@ impl Pipeline {
             info_binding: compiled.info_binding,
             item_sizes: compiled.buffer_item_sizes,
             push_constant_bytes: compiled.push_constant_bytes,
+            push_descriptors,
+            set_layout_handle: set_layout,
+            id: {
+                static NEXT: core::sync::atomic::AtomicU64 = core::sync::atomic::AtomicU64::new(1);
+                NEXT.fetch_add(1, core::sync::atomic::Ordering::Relaxed)
+            },
         })
     }
 }

@@ -34,6 +34,7 @@ use hashbrown::HashMap;
 use crate::batch::{CommandPool, Linear, Recorder, Staging, barrier};
 use crate::collective::{Collectives, Round};
 use crate::context::Context;
+use crate::descriptors::{DescriptorCache, Range};
 use crate::device::{VulkanDevice, device_count};
 use crate::kernel::VulkanKernel;
 use crate::pipeline::{Pipeline, PipelineCache};
@@ -168,6 +169,9 @@ pub struct VulkanServer {
     launch_infos: Vec<BufferLaunchInfo>,
     words: Vec<u32>,
     info_words: Vec<u32>,
+    descriptors: Vec<vk::DescriptorBufferInfo>,
+    ranges: Vec<Range>,
+    descriptors_cache: DescriptorCache,
 }
 
 fn ready<T: Send + 'static>(value: T) -> DynFut<T> {
@@ -368,6 +372,9 @@ impl VulkanServer {
             launch_infos: Vec::new(),
             words: Vec::new(),
             info_words: Vec::new(),
+            descriptors: Vec::new(),
+            ranges: Vec::new(),
+            descriptors_cache: DescriptorCache::new(&ctx),
             ctx,
         })
     }
@@ -449,6 +456,11 @@ impl VulkanServer {
     /// Hand blocks the pools released to the batch (freed once the work before them is done).
     fn drain_retired(&mut self) {
         let blocks = core::mem::take(&mut *self.retired.lock());
+        if !blocks.is_empty() {
+            // Cached sets may point at these blocks (and their handles may be reused).
+            let pools = self.descriptors_cache.clear();
+            self.recorder.keep_until_done(pools);
+        }
         for block in blocks {
             let free = FreeBlock {
                 ctx: self.ctx.clone(),
@@ -484,13 +496,15 @@ impl VulkanServer {
             return Ok(found.clone());
         }
         let def = &kernel.definition;
-        if self.ctx.push_descriptor.is_none() {
+        let compiled = spirv::compile(def, &self.ctx.caps, checked)?;
+        // Launch info changes every launch: pushed. Everything else binds cached sets.
+        let push = compiled.uses_info;
+        if push && self.ctx.push_descriptor.is_none() {
             return Err(ServerError::Unsupported(format!(
-                "vulkan: kernel `{}` needs VK_KHR_push_descriptor, which this device lacks",
+                "vulkan: kernel `{}` reads launch metadata, which needs VK_KHR_push_descriptor (this device lacks it)",
                 def.name()
             )));
         }
-        let compiled = spirv::compile(def, &self.ctx.caps, checked)?;
         if compiled.push_constant_bytes > self.ctx.limits().max_push_constants_size {
             return Err(ServerError::Compilation(format!(
                 "kernel `{}` needs {} bytes of push constants, the device has {}",
@@ -504,6 +518,7 @@ impl VulkanServer {
             self.cache.cache,
             def.name(),
             compiled,
+            push,
         )?);
         self.pipelines
             .insert((kernel.id, checked), pipeline.clone());
@@ -630,14 +645,15 @@ impl VulkanServer {
         keep: Vec<Binding>,
     ) -> Result<(), ServerError> {
         let ctx = self.ctx.clone();
-        let Some(push_descriptor) = ctx.push_descriptor.as_ref() else {
-            unreachable!("pipelines are only built with push descriptors")
-        };
+        if self.descriptors_cache.is_full() {
+            let pools = self.descriptors_cache.clear();
+            self.recorder.keep_until_done(pools);
+        }
         let state = self
             .streams
             .get_mut(&stream)
             .unwrap_or_else(|| unreachable!("the stream was created by the launch"));
-        let (cb, linear) = match &mut state.capture {
+        let cb = match &mut state.capture {
             Some(capture) => {
                 if capture.needs_barrier {
                     barrier(&ctx.device, capture.cb);
@@ -645,13 +661,62 @@ impl VulkanServer {
                 capture.needs_barrier = true;
                 capture.keep.push(Box::new(pipeline.clone()));
                 capture.keep.push(Box::new(keep));
-                (capture.cb, &mut capture.linear)
+                (capture.cb, &mut capture.linear, Some(&mut capture.keep))
             }
             None => {
                 let cb = self.recorder.command()?;
                 self.recorder.dispatches += 1;
-                (cb, &mut self.recorder.linear)
+                (cb, &mut self.recorder.linear, None)
             }
+        };
+        let (cb, linear, graph_keep) = (cb.0, cb.1, cb.2);
+        if !pipeline.push_descriptors {
+            let mut ranges = core::mem::take(&mut self.ranges);
+            ranges.clear();
+            ranges.extend(descriptors.iter().map(|d| (d.buffer, d.offset, d.range)));
+            let found =
+                self.descriptors_cache
+                    .get(pipeline.id, pipeline.set_layout_handle, &ranges);
+            self.ranges = ranges;
+            let (set, pool) = found?;
+            if let Some(keep) = graph_keep {
+                // A graph outlives cache clears: it keeps the pool of its sets.
+                keep.push(Box::new(pool.clone()));
+            }
+            let device = &ctx.device;
+            let push_bytes = pipeline.push_constant_bytes as usize;
+            let mut push_stack = [0u8; 256];
+            let mut push_heap = Vec::new();
+            let push_block = push_block(push, push_bytes, &mut push_stack, &mut push_heap);
+            // SAFETY: `cb` is recording; the pipeline, the set (its pool is kept until the work
+            // completes) and every bound buffer are alive until the command buffer completes.
+            unsafe {
+                device.cmd_bind_pipeline(cb, vk::PipelineBindPoint::COMPUTE, pipeline.pipeline);
+                if !descriptors.is_empty() {
+                    device.cmd_bind_descriptor_sets(
+                        cb,
+                        vk::PipelineBindPoint::COMPUTE,
+                        pipeline.layout,
+                        0,
+                        &[set],
+                        &[],
+                    );
+                }
+                if !push_block.is_empty() {
+                    device.cmd_push_constants(
+                        cb,
+                        pipeline.layout,
+                        vk::ShaderStageFlags::COMPUTE,
+                        0,
+                        push_block,
+                    );
+                }
+                dispatch(device, cb, count);
+            }
+            return Ok(());
+        }
+        let Some(push_descriptor) = ctx.push_descriptor.as_ref() else {
+            unreachable!("push descriptor pipelines are only built where the extension exists")
         };
         let info_descriptor = match info {
             Some(words) => {
@@ -665,25 +730,34 @@ impl VulkanServer {
             }
             None => None,
         };
-        let mut writes: Vec<vk::WriteDescriptorSet> = descriptors
-            .iter()
-            .enumerate()
-            .map(|(k, d)| {
-                vk::WriteDescriptorSet::default()
-                    .dst_binding(k as u32)
-                    .descriptor_type(vk::DescriptorType::STORAGE_BUFFER)
-                    .buffer_info(core::slice::from_ref(d))
-            })
-            .collect();
+        // Launches with few buffers (nearly all) build their writes on the stack.
+        const STACK_WRITES: usize = 16;
+        let total = descriptors.len() + usize::from(info_descriptor.is_some());
+        let mut stack = [vk::WriteDescriptorSet::default(); STACK_WRITES];
+        let mut heap = Vec::new();
+        let writes: &mut [vk::WriteDescriptorSet] = if total <= STACK_WRITES {
+            &mut stack[..total]
+        } else {
+            heap.resize(total, vk::WriteDescriptorSet::default());
+            &mut heap
+        };
+        for (k, d) in descriptors.iter().enumerate() {
+            writes[k] = vk::WriteDescriptorSet::default()
+                .dst_binding(k as u32)
+                .descriptor_type(vk::DescriptorType::STORAGE_BUFFER)
+                .buffer_info(core::slice::from_ref(d));
+        }
         if let Some(d) = &info_descriptor {
-            writes.push(
-                vk::WriteDescriptorSet::default()
-                    .dst_binding(pipeline.info_binding)
-                    .descriptor_type(vk::DescriptorType::STORAGE_BUFFER)
-                    .buffer_info(core::slice::from_ref(d)),
-            );
+            writes[descriptors.len()] = vk::WriteDescriptorSet::default()
+                .dst_binding(pipeline.info_binding)
+                .descriptor_type(vk::DescriptorType::STORAGE_BUFFER)
+                .buffer_info(core::slice::from_ref(d));
         }
         let device = &ctx.device;
+        let push_bytes = pipeline.push_constant_bytes as usize;
+        let mut push_stack = [0u8; 256];
+        let mut push_heap = Vec::new();
+        let push_block = push_block(push, push_bytes, &mut push_stack, &mut push_heap);
         // SAFETY: `cb` is recording; the pipeline, its layout and every bound buffer are alive
         // until the command buffer completes (pipelines are cached, blocks are freed late).
         unsafe {
@@ -694,28 +768,60 @@ impl VulkanServer {
                     vk::PipelineBindPoint::COMPUTE,
                     pipeline.layout,
                     0,
-                    &writes,
+                    writes,
                 );
             }
-            if pipeline.push_constant_bytes > 0 {
-                let mut bytes = words_as_bytes(push).to_vec();
-                bytes.resize(pipeline.push_constant_bytes as usize, 0);
+            if !push_block.is_empty() {
                 device.cmd_push_constants(
                     cb,
                     pipeline.layout,
                     vk::ShaderStageFlags::COMPUTE,
                     0,
-                    &bytes,
+                    push_block,
                 );
             }
-            match count {
-                DispatchCount::Static([x, y, z]) => device.cmd_dispatch(cb, x, y, z),
-                DispatchCount::Dynamic { buffer, offset } => {
-                    device.cmd_dispatch_indirect(cb, buffer, offset)
-                }
-            }
+            dispatch(device, cb, count);
         }
         Ok(())
+    }
+}
+
+/// The push-constant block: the argument words padded to the pipeline's block size, on the
+/// stack when it fits.
+fn push_block<'a>(
+    push: &'a [u32],
+    bytes: usize,
+    stack: &'a mut [u8; 256],
+    heap: &'a mut Vec<u8>,
+) -> &'a [u8] {
+    if bytes == 0 {
+        return &[];
+    }
+    let src = words_as_bytes(push);
+    let dst: &mut [u8] = if bytes <= stack.len() {
+        &mut stack[..bytes]
+    } else {
+        heap.resize(bytes, 0);
+        heap
+    };
+    let n = src.len().min(bytes);
+    dst[..n].copy_from_slice(&src[..n]);
+    dst
+}
+
+/// Record the dispatch itself.
+///
+/// # Safety
+/// `cb` is recording with a compute pipeline and its descriptors bound.
+unsafe fn dispatch(device: &ash::Device, cb: vk::CommandBuffer, count: DispatchCount) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        match count {
+            DispatchCount::Static([x, y, z]) => device.cmd_dispatch(cb, x, y, z),
+            DispatchCount::Dynamic { buffer, offset } => {
+                device.cmd_dispatch_indirect(cb, buffer, offset)
+            }
+        }
     }
 }
 
@@ -990,7 +1096,8 @@ impl ComputeServer for VulkanServer {
                 words[at as usize + 1] = w[1];
             }
         }
-        let mut descriptors = Vec::with_capacity(arguments.buffers.len());
+        let mut descriptors = core::mem::take(&mut self.descriptors);
+        descriptors.clear();
         let mut info = core::mem::take(&mut self.info_words);
         info.clear();
         if pipeline.uses_info {
@@ -1036,6 +1143,7 @@ impl ComputeServer for VulkanServer {
         };
         self.words = words;
         self.info_words = info;
+        self.descriptors = descriptors;
         result?;
         if !capturing {
             self.after_command()?;

@@ -371,3 +371,192 @@ fn integer_semantics_and_casts_match_the_ir() {
         );
     }
 }
+
+/// Launch `def` over one cube with the given buffers.
+fn launch(c: &ComputeClient<VulkanRuntime>, def: KernelDefinition, buffers: &[&Handle]) {
+    let mut args = KernelArguments::new();
+    for b in buffers {
+        args = args.buffer((*b).clone().binding());
+    }
+    c.launch(def.into(), CubeCount::Static(1, 1, 1), args);
+}
+
+#[test]
+fn wide_items_bitcasts_range_overflow_and_shared_packing() {
+    let Some(c) = client() else { return };
+    // f32x16 and u8x16 items: out[i] = a[i] * 2 + lane.
+    let n = 8usize;
+    let a: Vec<f32> = (0..n * 16).map(|i| i as f32 * 0.5).collect();
+    let mut k = KernelBuilder::new("wide16", [8, 1, 1]);
+    let ha = k.input("a", ElemType::F32, 16);
+    let out = k.output("out", ElemType::F32, 16);
+    let hb = k.input("b", ElemType::U8, 16);
+    let outb = k.output("outb", ElemType::U8, 16);
+    let i = k.unit_pos();
+    let x = k.load(ha, i);
+    let two = k.lit_f32(2.0);
+    let y = k.mul(x, two);
+    let mut lanes = Vec::new();
+    for l in 0..16 {
+        lanes.push(k.lit_f32(l as f32));
+    }
+    let lv = k.vector(&lanes);
+    let y = k.add(y, lv);
+    k.store(out, i, y);
+    let xb = k.load(hb, i);
+    let yb = k.add(xb, xb);
+    k.store(outb, i, yb);
+    let def = k.build().expect("builds");
+    let b: Vec<u8> = (0..n * 16).map(|i| (i * 7) as u8).collect();
+    let (h_a, h_out, h_b, h_outb) = (
+        upload(&c, &a),
+        c.create(Bytes::zeroed(n * 64)),
+        upload(&c, &b),
+        c.create(Bytes::zeroed(n * 16)),
+    );
+    launch(&c, def, &[&h_a, &h_out, &h_b, &h_outb]);
+    let got = download::<f32>(&c, &h_out);
+    for (j, g) in got.iter().enumerate() {
+        assert_eq!(*g, a[j] * 2.0 + (j % 16) as f32, "f32x16 component {j}");
+    }
+    let gotb = download::<u8>(&c, &h_outb);
+    for (j, g) in gotb.iter().enumerate() {
+        assert_eq!(*g, b[j].wrapping_add(b[j]), "u8x16 component {j}");
+    }
+
+    // Bitcasts that change the width: u32x2 -> u16x4 -> u8x8 -> u64 -> f64.
+    let words: Vec<u32> = vec![0x1122_3344, 0x5566_7788, 0xdead_beef, 0x0102_0304];
+    let mut k = KernelBuilder::new("bitcasts", [2, 1, 1]);
+    let hw = k.input("w", ElemType::U32, 2);
+    let o16 = k.output("o16", ElemType::U16, 4);
+    let o8 = k.output("o8", ElemType::U8, 8);
+    let o64 = k.output("o64", ElemType::U64, 1);
+    let i = k.unit_pos();
+    let x = k.load(hw, i);
+    let h = k.bitcast(x, ElemType::U16);
+    k.store(o16, i, h);
+    let bytes = k.bitcast(h, ElemType::U8);
+    k.store(o8, i, bytes);
+    let q = k.bitcast(bytes, ElemType::U64);
+    k.store(o64, i, q);
+    let def = k.build().expect("builds");
+    let (h_w, h16, h8, h64) = (
+        upload(&c, &words),
+        c.create(Bytes::zeroed(16)),
+        c.create(Bytes::zeroed(16)),
+        c.create(Bytes::zeroed(16)),
+    );
+    launch(&c, def, &[&h_w, &h16, &h8, &h64]);
+    let raw: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+    assert_eq!(download::<u8>(&c, &h8), raw, "u32x2 -> u16x4 -> u8x8");
+    let want16: Vec<u16> = raw
+        .chunks(2)
+        .map(|p| u16::from_le_bytes([p[0], p[1]]))
+        .collect();
+    assert_eq!(download::<u16>(&c, &h16), want16, "u32x2 -> u16x4");
+    let want64: Vec<u64> = raw
+        .chunks(8)
+        .map(|p| u64::from_le_bytes(p.try_into().expect("8 bytes")))
+        .collect();
+    assert_eq!(download::<u64>(&c, &h64), want64, "u8x8 -> u64");
+
+    // Range loops stop where `i + step` overflows (and never run for a zero step).
+    let mut k = KernelBuilder::new("range_overflow", [1, 1, 1]);
+    let out = k.output("out", ElemType::U32, 1);
+    let counts: Vec<(ScalarTriple, u32)> = vec![
+        (ScalarTriple::U8(250, 255, 3), 2),
+        (ScalarTriple::I8(120, 127, 5), 2),
+        (ScalarTriple::I8(-120, -128, -5), 2),
+        (ScalarTriple::I8(0, 10, 0), 0),
+        (ScalarTriple::U32(u32::MAX - 10, u32::MAX, 4), 3),
+        (ScalarTriple::I64(i64::MIN + 10, i64::MIN, -4), 3),
+    ];
+    for (slot, (triple, _)) in counts.iter().enumerate() {
+        let acc = k.var(0u32);
+        let (s, e, st) = triple.values(&mut k);
+        k.range(s, e, st, |k, _| {
+            let v = k.get(acc);
+            let v = k.add(v, 1u32);
+            k.assign(acc, v);
+        });
+        let v = k.get(acc);
+        k.store(out, slot as u32, v);
+    }
+    let def = k.build().expect("builds");
+    let h = c.create(Bytes::zeroed(4 * counts.len()));
+    launch(&c, def, &[&h]);
+    let want: Vec<u32> = counts.iter().map(|(_, n)| *n).collect();
+    assert_eq!(download::<u32>(&c, &h), want, "range iteration counts");
+
+    // Shared bool and bf16 round trip (packed as u8/u16), reversed through a barrier.
+    let mut k = KernelBuilder::new("shared_packing", [16, 1, 1]);
+    let hx = k.input("x", ElemType::BF16, 1);
+    let out = k.output("out", ElemType::BF16, 1);
+    let outb = k.output("outb", ElemType::Bool, 1);
+    let sh = k.shared("sh", ElemType::BF16, 1, 16);
+    let sb = k.shared("sb", ElemType::Bool, 1, 16);
+    let i = k.unit_pos();
+    let x = k.load(hx, i);
+    k.store(sh, i, x);
+    let zero = k.lit(compute_core::kernel::ScalarValue::BF16(half::bf16::ZERO));
+    let neg = k.lt(x, zero);
+    k.store(sb, i, neg);
+    k.barrier();
+    let j = k.sub(15u32, i);
+    let y = k.load(sh, j);
+    k.store(out, i, y);
+    let nb = k.load(sb, j);
+    k.store(outb, i, nb);
+    let def = k.build().expect("builds");
+    let xs: Vec<half::bf16> = (0..16)
+        .map(|v| half::bf16::from_f32(v as f32 * 1.37 - 9.0))
+        .collect();
+    let (h_x, h_o, h_ob) = (
+        upload(&c, &xs),
+        c.create(Bytes::zeroed(32)),
+        c.create(Bytes::zeroed(16)),
+    );
+    launch(&c, def, &[&h_x, &h_o, &h_ob]);
+    let got = download::<half::bf16>(&c, &h_o);
+    let gotb = download::<u8>(&c, &h_ob);
+    for t in 0..16 {
+        assert_eq!(
+            got[t].to_bits(),
+            xs[15 - t].to_bits(),
+            "bf16 through shared"
+        );
+        assert_eq!(
+            gotb[t],
+            u8::from(xs[15 - t].to_f32() < 0.0),
+            "bool through shared"
+        );
+    }
+}
+
+/// (start, end, step) of a range loop in one integer type.
+enum ScalarTriple {
+    U8(u8, u8, u8),
+    I8(i8, i8, i8),
+    U32(u32, u32, u32),
+    I64(i64, i64, i64),
+}
+
+impl ScalarTriple {
+    fn values(
+        &self,
+        k: &mut KernelBuilder,
+    ) -> (
+        compute_core::kernel::Value,
+        compute_core::kernel::Value,
+        compute_core::kernel::Value,
+    ) {
+        use compute_core::kernel::ScalarValue as S;
+        let (a, b, c) = match *self {
+            ScalarTriple::U8(a, b, c) => (S::U8(a), S::U8(b), S::U8(c)),
+            ScalarTriple::I8(a, b, c) => (S::I8(a), S::I8(b), S::I8(c)),
+            ScalarTriple::U32(a, b, c) => (S::U32(a), S::U32(b), S::U32(c)),
+            ScalarTriple::I64(a, b, c) => (S::I64(a), S::I64(b), S::I64(c)),
+        };
+        (k.lit(a), k.lit(b), k.lit(c))
+    }
+}

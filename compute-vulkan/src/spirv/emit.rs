@@ -1491,7 +1491,9 @@ impl<'a> Emitter<'a> {
                 let ty = self.reg_ty(elem);
                 let xs = self.get(*x)?;
                 let l = self.lane_u32(*lane)?;
-                let use_broadcast = broadcast && self.caps.version >= (1, 5);
+                // Before SPIR-V 1.5 a broadcast lane must be a constant; shuffle otherwise.
+                let use_broadcast =
+                    broadcast && (self.caps.version >= (1, 5) || self.m.is_const(l));
                 if use_broadcast {
                     self.m.cap(Capability::GroupNonUniformBallot);
                 } else {

@@ -447,6 +447,8 @@ fn plane_operations_validate() {
         }
         let lane = k.lit_u32(3);
         r = k.plane_broadcast(r, lane);
+        let dyn_lane = k.cube_pos_x();
+        r = k.plane_broadcast(r, dyn_lane);
         let p = k.unit_pos_plane();
         let l2 = k.bit_xor(p, 1u32);
         r = k.plane_shuffle(r, l2);
@@ -548,8 +550,25 @@ fn only_used_capabilities_are_declared() {
     let i = k.absolute_pos();
     let x = k.load(a, i);
     k.store(out, i, x);
-    let sk = compile_valid(&k.build().expect("builds"));
+    let def = k.build().expect("builds");
+    let sk = compile_valid(&def);
     assert_eq!(sk.capabilities, vec![spirv::Capability::Shader]);
+    // Checked launches guard the global accesses; unchecked ones have no branches at all.
+    let count = |words: &[u32], op: spirv::Op| {
+        let mut n = 0;
+        let mut p = 5;
+        while p < words.len() {
+            if (words[p] & 0xffff) == op as u32 {
+                n += 1;
+            }
+            p += ((words[p] >> 16) as usize).max(1);
+        }
+        n
+    };
+    let unchecked = compile(&def, &full_caps(), false).expect("compiles");
+    assert_eq!(count(&unchecked.words, spirv::Op::SelectionMerge), 0);
+    assert_eq!(count(&sk.words, spirv::Op::SelectionMerge), 2);
+    assert_eq!(count(&sk.words, spirv::Op::Phi), 4);
     assert!(sk.extensions.is_empty());
     assert!(!sk.uses_subgroups);
     assert!(!sk.uses_info);

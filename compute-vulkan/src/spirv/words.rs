@@ -57,6 +57,8 @@ pub(super) struct Module {
     cache: HashMap<(u32, Vec<u32>), u32>,
     /// Global variables for the entry point's interface.
     pub interface: Vec<u32>,
+    /// Ids of the constants.
+    constants: std::collections::HashSet<u32>,
 }
 
 impl Module {
@@ -97,7 +99,15 @@ impl Module {
         ops.extend_from_slice(operands);
         inst(&mut self.globals, op, &ops);
         self.cache.insert(key, id);
+        if typed.is_some() {
+            self.constants.insert(id);
+        }
         id
+    }
+
+    /// Whether `id` is a constant.
+    pub fn is_const(&self, id: u32) -> bool {
+        self.constants.contains(&id)
     }
 
     /// `OpTypeVoid`.

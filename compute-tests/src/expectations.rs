@@ -17,63 +17,13 @@ pub struct Expectation {
 pub const EXPECTATIONS: &[Expectation] = &[
     Expectation {
         backend: "wgpu",
-        test: "ir_types_bool_logic",
-        reason: "WGSL storage buffers cannot hold bool and compute-wgpu does not yet emulate byte-sized elements",
-    },
-    Expectation {
-        backend: "wgpu",
-        test: "ir_types_scalar_every_elem",
-        reason: "bool, 8/16-bit integer and bf16 buffers are not emulated in WGSL yet",
-    },
-    Expectation {
-        backend: "wgpu",
-        test: "ir_arith_i32",
-        reason: "the test writes comparison results to a bool buffer, which WGSL storage cannot hold",
-    },
-    Expectation {
-        backend: "wgpu",
-        test: "ir_arith_u32",
-        reason: "the test writes comparison results to a bool buffer, which WGSL storage cannot hold",
-    },
-    Expectation {
-        backend: "wgpu",
-        test: "ir_arith_i64",
-        reason: "the test writes comparison results to a bool buffer, which WGSL storage cannot hold",
-    },
-    Expectation {
-        backend: "wgpu",
-        test: "ir_arith_u64",
-        reason: "the test writes comparison results to a bool buffer, which WGSL storage cannot hold",
-    },
-    Expectation {
-        backend: "wgpu",
-        test: "ir_types_f16_arith",
-        reason: "the test writes comparison results to a bool buffer, which WGSL storage cannot hold",
-    },
-    Expectation {
-        backend: "wgpu",
-        test: "ir_types_f32_arith",
-        reason: "the test writes comparison results to a bool buffer, which WGSL storage cannot hold",
-    },
-    Expectation {
-        backend: "wgpu",
-        test: "ir_types_f64_arith",
-        reason: "the test writes comparison results to a bool buffer, which WGSL storage cannot hold",
-    },
-    Expectation {
-        backend: "wgpu",
-        test: "ir_arith_cast_float_to_int",
-        reason: "casts to i8/i16/u8/u16 need byte-sized elements, not emulated in WGSL yet",
-    },
-    Expectation {
-        backend: "wgpu",
-        test: "ir_control_range_steps",
-        reason: "the test covers u8 counters, not emulated in WGSL yet",
-    },
-    Expectation {
-        backend: "wgpu",
         test: "ir_types_vector_widths",
         reason: "WGSL vectors have 2 to 4 components; widths 8 and 16 are not lowered to arrays yet",
+    },
+    Expectation {
+        backend: "wgpu",
+        test: "ir_metadata_buffer_len",
+        reason: "the test's u8 buffer has items of 16 components; WGSL vectors have 2 to 4 and widths 8 and 16 are not lowered to arrays yet",
     },
     Expectation {
         backend: "wgpu",
@@ -89,11 +39,6 @@ pub const EXPECTATIONS: &[Expectation] = &[
         backend: "wgpu",
         test: "ir_memory_atomic_wide_and_float",
         reason: "WGSL has 32-bit integer atomics only; 64-bit and float atomics are not emulated",
-    },
-    Expectation {
-        backend: "wgpu",
-        test: "ir_metadata_buffer_len",
-        reason: "the test queries the length of a u8 buffer, a type WGSL storage cannot hold yet",
     },
 ];
 

@@ -44,9 +44,20 @@ impl ShaderCapabilities {
         }
     }
 
-    /// The element types kernels may use on such a device.
+    /// The element types kernels may use on such a device: WGSL's own, and the emulated ones
+    /// (bool, i8, i16, u8, u16, bf16: computed in 32-bit types, packed in `u32` words in buffers).
     pub fn elem_types(&self) -> Vec<ElemType> {
-        let mut types = vec![ElemType::I32, ElemType::U32, ElemType::F32];
+        let mut types = vec![
+            ElemType::Bool,
+            ElemType::I8,
+            ElemType::I16,
+            ElemType::I32,
+            ElemType::U8,
+            ElemType::U16,
+            ElemType::U32,
+            ElemType::BF16,
+            ElemType::F32,
+        ];
         if self.f16 {
             types.push(ElemType::F16);
         }

@@ -94,14 +94,17 @@ impl<'a> Gen<'a> {
 
     fn check_elem(&mut self, elem: ElemType, context: &str) -> Result<()> {
         let (ok, feature) = match elem {
-            ElemType::Bool | ElemType::I32 | ElemType::U32 | ElemType::F32 => (true, ""),
+            // Emulated: values in 32-bit types, buffers packed in `u32` words.
+            ElemType::Bool
+            | ElemType::I8
+            | ElemType::I16
+            | ElemType::U8
+            | ElemType::U16
+            | ElemType::BF16 => (true, ""),
+            ElemType::I32 | ElemType::U32 | ElemType::F32 => (true, ""),
             ElemType::F16 => (self.caps.f16, " (the adapter lacks SHADER_F16)"),
             ElemType::F64 => (self.caps.f64, " (the adapter lacks SHADER_F64)"),
             ElemType::I64 | ElemType::U64 => (self.caps.int64, " (the adapter lacks SHADER_INT64)"),
-            ElemType::I8 | ElemType::I16 | ElemType::U8 | ElemType::U16 | ElemType::BF16 => (
-                false,
-                " (WGSL has no such type; the wgpu backend does not emulate it)",
-            ),
         };
         if elem == ElemType::F16 {
             self.uses_f16 = true;
@@ -133,12 +136,6 @@ impl<'a> Gen<'a> {
     fn check_types(&mut self) -> Result<()> {
         let def = self.def;
         for b in def.buffers() {
-            if b.elem == ElemType::Bool {
-                return Err(unsupported(
-                    def,
-                    format!("a bool buffer `{}` (WGSL storage cannot hold bool)", b.name),
-                ));
-            }
             self.check_item(b.item(), &format!("buffer `{}`", b.name))?;
         }
         for s in def.scalars() {
@@ -262,6 +259,14 @@ impl<'a> Gen<'a> {
                     )));
                 }
                 self.atomic_ty(mem)?
+            } else if is_packed(b.elem) {
+                // Stores to packed words are atomic read-modify-writes of their bytes only, so
+                // units storing neighbouring elements do not race.
+                if b.access == Access::ReadOnly {
+                    "u32".into()
+                } else {
+                    "atomic<u32>".into()
+                }
             } else {
                 item_ty(b.item())
             };
@@ -346,6 +351,9 @@ impl<'a> Gen<'a> {
     fn stmt(&mut self, stmt: &Stmt, depth: usize) -> Result<()> {
         match stmt {
             Stmt::Let { out, op } => self.let_(*out, op, depth)?,
+            Stmt::Store { mem, index, value } if self.packed_global(*mem) => {
+                self.store_packed(*mem, *index, *value, depth);
+            }
             Stmt::Store { mem, index, value } => {
                 let idx = format!("u32(v{})", index.0);
                 let target = Self::mem_at(*mem, &idx);
@@ -408,7 +416,8 @@ impl<'a> Gen<'a> {
                 self.line(dd, &format!("let v{}: {ty} = _i{n};", var.0));
                 self.block(body, dd)?;
                 self.line(dd, "continuing {");
-                self.line(dd + 1, &format!("let _n{n}: {ty} = _i{n} + _s{n};"));
+                let next = self.normalize(self.item(*var), &format!("(_i{n} + _s{n})"));
+                self.line(dd + 1, &format!("let _n{n}: {ty} = {next};"));
                 self.line(
                     dd + 1,
                     &format!(
@@ -447,6 +456,9 @@ impl<'a> Gen<'a> {
             Op::Literal(value) => literal(*value),
             Op::Builtin(b) => self.builtin(*b)?,
             Op::Scalar(k) => self.scalar(*k as usize),
+            Op::Load { mem, index } if self.packed_global(*mem) => {
+                self.load_packed(*mem, *index, item, depth)
+            }
             Op::Load { mem, index } => {
                 let idx = format!("u32(v{})", index.0);
                 let at = Self::mem_at(*mem, &idx);
@@ -494,7 +506,12 @@ impl<'a> Gen<'a> {
                     CmpOp::Gt => ">",
                     CmpOp::Ge => ">=",
                 };
-                format!("({} {sym} {})", v(a), v(b))
+                if *op == CmpOp::Ne && is_float(self.item(*a).elem) {
+                    // Unordered: NaN != x. Written as !(a == b), which no driver orders.
+                    format!("(!({} == {}))", v(a), v(b))
+                } else {
+                    format!("({} {sym} {})", v(a), v(b))
+                }
             }
             Op::Fma(a, b, c) => {
                 if is_float(item.elem) {
@@ -506,7 +523,7 @@ impl<'a> Gen<'a> {
             Op::Clamp(x, lo, hi) => format!("clamp({}, {}, {})", v(x), v(lo), v(hi)),
             Op::Select(c, a, b) => format!("select({}, {}, {})", v(b), v(a), v(c)),
             Op::Cast(a, _) => self.cast(*a, item),
-            Op::Bitcast(a, _, _) => format!("bitcast<{ty}>({})", v(a)),
+            Op::Bitcast(a, _, _) => self.bitcast(*a, item, depth),
             Op::Splat(a, _) => format!("{ty}({})", v(a)),
             Op::Extract(a, c) => {
                 if self.item(*a).width == 1 {
@@ -591,6 +608,21 @@ impl<'a> Gen<'a> {
                 format!("subgroupBallot({})", v(a))
             }
         };
+        // Results of operations that can leave an emulated type's range are brought back to it.
+        let expr = if matches!(
+            op,
+            Op::Unary(..)
+                | Op::Binary(..)
+                | Op::Fma(..)
+                | Op::Cast(..)
+                | Op::Plane(..)
+                | Op::PlaneBroadcast(..)
+                | Op::PlaneShuffle(..)
+        ) {
+            self.normalize(item, &expr)
+        } else {
+            expr
+        };
         self.line(depth, &format!("let v{}: {ty} = {expr};", out.0));
         Ok(())
     }
@@ -661,6 +693,9 @@ impl<'a> Gen<'a> {
             ElemType::I32 => format!("bitcast<i32>(info[{o}u])"),
             ElemType::F32 => format!("bitcast<f32>(info[{o}u])"),
             ElemType::F16 => format!("f16(unpack2x16float(info[{o}u]).x)"),
+            // Narrow integers arrive sign- or zero-extended to a word, bf16 as its 16 bits.
+            ElemType::I8 | ElemType::I16 => format!("bitcast<i32>(info[{o}u])"),
+            ElemType::BF16 => format!("bitcast<f32>(info[{o}u] << 16u)"),
             ElemType::U64 => wide,
             ElemType::I64 => format!("bitcast<i64>({wide})"),
             ElemType::F64 => format!("bitcast<f64>({wide})"),
@@ -746,6 +781,230 @@ impl<'a> Gen<'a> {
         name
     }
 
+    // ------------------------------------------------------------------------------------------
+    // Emulated element types
+    // ------------------------------------------------------------------------------------------
+
+    /// Whether `mem` is a global buffer packed into `u32` words.
+    fn packed_global(&self, mem: MemRef) -> bool {
+        matches!(mem, MemRef::Global(_)) && is_packed(self.mem_item(mem).elem)
+    }
+
+    /// The expression of word `word` (a `u32` expression) of packed buffer `k`.
+    fn packed_word(&self, k: u32, word: &str) -> String {
+        if self.def.buffers()[k as usize].access == Access::ReadOnly {
+            format!("b{k}[{word}]")
+        } else {
+            format!("atomicLoad(&b{k}[{word}])")
+        }
+    }
+
+    /// The value of emulated type `elem` whose bits are the low bytes of the `u32` `bits`.
+    fn from_bits(elem: ElemType, bits: &str) -> String {
+        match elem {
+            ElemType::Bool => format!("({bits} != 0u)"),
+            ElemType::I8 => format!("(bitcast<i32>({bits} << 24u) >> 24u)"),
+            ElemType::I16 => format!("(bitcast<i32>({bits} << 16u) >> 16u)"),
+            ElemType::BF16 => format!("bitcast<f32>({bits} << 16u)"),
+            ElemType::F16 => format!("f16(unpack2x16float({bits}).x)"),
+            ElemType::I32 | ElemType::F32 => format!("bitcast<{}>({bits})", scalar_ty(elem)),
+            _ => bits.to_string(),
+        }
+    }
+
+    /// The bits of the value `x` of a (narrow or 32-bit) scalar `elem`, in the low bytes of a `u32`.
+    fn to_bits(elem: ElemType, x: &str) -> String {
+        match elem {
+            ElemType::Bool => format!("select(0u, 1u, {x})"),
+            ElemType::I8 => format!("(bitcast<u32>({x}) & 0xffu)"),
+            ElemType::I16 => format!("(bitcast<u32>({x}) & 0xffffu)"),
+            ElemType::BF16 => format!("(bitcast<u32>({x}) >> 16u)"),
+            ElemType::F16 => format!("(pack2x16float(vec2<f32>(f32({x}), 0.0)) & 0xffffu)"),
+            ElemType::I32 | ElemType::F32 => format!("bitcast<u32>({x})"),
+            _ => x.to_string(),
+        }
+    }
+
+    /// Load item `index` of packed buffer `mem`: each component extracted from its word.
+    fn load_packed(&mut self, mem: MemRef, index: ValueId, item: Item, depth: usize) -> String {
+        let MemRef::Global(k) = mem else {
+            unreachable!("only global buffers are packed")
+        };
+        let ty = item_ty(item);
+        let size = item.elem.size();
+        let n = self.fresh();
+        let idx = format!("u32(v{})", index.0);
+        let addr = format!("((_base{k} + {idx}) * {}u)", size * item.width as usize);
+        let mut parts = Vec::with_capacity(item.width as usize);
+        for j in 0..item.width as usize {
+            let a = format!("({addr} + {}u)", j * size);
+            let word = self.packed_word(k, &format!("({a} >> 2u)"));
+            let bits = format!("(({word} >> (({a} & 3u) * 8u)) & {:#x}u)", byte_mask(size));
+            parts.push(Self::from_bits(item.elem, &bits));
+        }
+        let value = if item.width == 1 {
+            parts.remove(0)
+        } else {
+            format!("{ty}({})", parts.join(", "))
+        };
+        if self.checked {
+            self.line(depth, &format!("var _ld{n}: {ty} = {ty}();"));
+            self.line(
+                depth,
+                &format!("if ({idx} < _len{k}) {{ _ld{n} = {value}; }}"),
+            );
+        } else {
+            self.line(depth, &format!("let _ld{n}: {ty} = {value};"));
+        }
+        format!("_ld{n}")
+    }
+
+    /// Store `value` at item `index` of packed buffer `mem`: whole words with an atomic store,
+    /// parts of words with an atomic clear and set of their bytes.
+    fn store_packed(&mut self, mem: MemRef, index: ValueId, value: ValueId, depth: usize) {
+        let MemRef::Global(k) = mem else {
+            unreachable!("only global buffers are packed")
+        };
+        let item = self.mem_item(mem);
+        let size = item.elem.size();
+        let bytes = size * item.width as usize;
+        let idx = format!("u32(v{})", index.0);
+        let x = format!("v{}", value.0);
+        let mut body = Vec::new();
+        let addr = format!("((_base{k} + {idx}) * {bytes}u)");
+        if bytes.is_multiple_of(4) {
+            // Items fill whole (aligned) words.
+            let per = 4 / size;
+            for w in 0..bytes / 4 {
+                let mut word = Vec::with_capacity(per);
+                for t in 0..per {
+                    let c = component(&x, item.width, w * per + t);
+                    let bits = Self::to_bits(item.elem, &c);
+                    word.push(format!("({bits} << {}u)", 8 * size * t));
+                }
+                body.push(format!(
+                    "atomicStore(&b{k}[({addr} >> 2u) + {w}u], {});",
+                    word.join(" | ")
+                ));
+            }
+        } else {
+            for j in 0..item.width as usize {
+                let a = format!("({addr} + {}u)", j * size);
+                let shift = format!("(({a} & 3u) * 8u)");
+                let bits = Self::to_bits(item.elem, &component(&x, item.width, j));
+                body.push(format!(
+                    "atomicAnd(&b{k}[{a} >> 2u], ~({:#x}u << {shift}));",
+                    byte_mask(size)
+                ));
+                body.push(format!("atomicOr(&b{k}[{a} >> 2u], {bits} << {shift});"));
+            }
+        }
+        let body = body.join(" ");
+        if self.checked {
+            self.line(depth, &format!("if ({idx} < _len{k}) {{ {body} }}"));
+        } else {
+            self.line(depth, &format!("{{ {body} }}"));
+        }
+    }
+
+    /// `expr` (of `item`'s value type) brought back into the range of an emulated type: wrapped
+    /// to 8 or 16 bits, or rounded to bf16. Other types are returned as they are.
+    fn normalize(&mut self, item: Item, expr: &str) -> String {
+        let uty = item_ty(item.with_elem(ElemType::U32));
+        match item.elem {
+            ElemType::I8 | ElemType::I16 => {
+                let shift = 32 - 8 * item.elem.size();
+                format!("(({expr} << {uty}({shift}u)) >> {uty}({shift}u))")
+            }
+            ElemType::U8 | ElemType::U16 => {
+                format!("({expr} & {uty}({:#x}u))", byte_mask(item.elem.size()))
+            }
+            ElemType::BF16 => {
+                let ty = item_ty(item);
+                let name = format!("_bf16_{}", ty.replace(['<', '>'], ""));
+                if !self.helpers.iter().any(|(n, _)| *n == name) {
+                    // Round to nearest even on the upper 16 bits; NaN stays (a quiet) NaN.
+                    let code = format!(
+                        "fn {name}(x: {ty}) -> {ty} {{
+    let b = bitcast<{uty}>(x);
+    let r = (b + ({uty}(0x7fffu) + ((b >> {uty}(16u)) & {uty}(1u)))) & {uty}(0xffff0000u);
+    let nan = (b & {uty}(0x7fffffffu)) > {uty}(0x7f800000u);
+    return bitcast<{ty}>(select(r, (b | {uty}(0x00400000u)) & {uty}(0xffff0000u), nan));
+}}
+"
+                    );
+                    self.helpers.push((name.clone(), code));
+                }
+                format!("{name}({expr})")
+            }
+            _ => expr.to_string(),
+        }
+    }
+
+    /// `bitcast(a)` to `to`: WGSL's own where it has one (32-bit components of equal count),
+    /// else through the little-endian bytes of the value, as `u32` words.
+    fn bitcast(&mut self, a: ValueId, to: Item, depth: usize) -> String {
+        let from = self.item(a);
+        let ty = item_ty(to);
+        let x = format!("v{}", a.0);
+        let word_sized = |e: ElemType| matches!(e, ElemType::I32 | ElemType::U32 | ElemType::F32);
+        if from.width == to.width && word_sized(from.elem) && word_sized(to.elem) {
+            return format!("bitcast<{ty}>({x})");
+        }
+        if from.width == to.width && from.elem.size() == 8 && to.elem.size() == 8 {
+            return format!("bitcast<{ty}>({x})");
+        }
+        // The source as words: each holds 4 bytes (the last one fewer if the value is smaller).
+        let n = self.fresh();
+        let (fs, ts) = (from.elem.size(), to.elem.size());
+        let bytes = fs * from.width as usize;
+        let words = bytes.div_ceil(4);
+        let mut word_exprs = vec![Vec::new(); words];
+        for j in 0..from.width as usize {
+            let c = component(&x, from.width, j);
+            if fs == 8 {
+                let bits = format!("bitcast<u64>({c})");
+                word_exprs[2 * j].push(format!("u32({bits} & 0xfffffffflu)"));
+                word_exprs[2 * j + 1].push(format!("u32({bits} >> 32u)"));
+            } else {
+                let at = j * fs;
+                let bits = Self::to_bits(from.elem, &c);
+                word_exprs[at / 4].push(format!("({bits} << {}u)", 8 * (at % 4)));
+            }
+        }
+        for (w, parts) in word_exprs.iter().enumerate() {
+            self.line(
+                depth,
+                &format!("let _bw{n}_{w}: u32 = {};", parts.join(" | ")),
+            );
+        }
+        let mut comps = Vec::with_capacity(to.width as usize);
+        for j in 0..to.width as usize {
+            if ts == 8 {
+                let bits = format!(
+                    "((u64(_bw{n}_{}) << 32u) | u64(_bw{n}_{}))",
+                    2 * j + 1,
+                    2 * j
+                );
+                comps.push(format!("bitcast<{}>({bits})", scalar_ty(to.elem)));
+            } else {
+                let at = j * ts;
+                let bits = format!(
+                    "((_bw{n}_{} >> {}u) & {:#x}u)",
+                    at / 4,
+                    8 * (at % 4),
+                    byte_mask(ts)
+                );
+                comps.push(Self::from_bits(to.elem, &bits));
+            }
+        }
+        if to.width == 1 {
+            comps.remove(0)
+        } else {
+            format!("{ty}({})", comps.join(", "))
+        }
+    }
+
     fn binary(&self, op: BinaryOp, a: ValueId, b: ValueId) -> String {
         let item = self.item(a);
         let (x, y) = (format!("v{}", a.0), format!("v{}", b.0));
@@ -771,6 +1030,7 @@ impl<'a> Gen<'a> {
         }
     }
 
+    /// `cast(a)` to `to`; the caller brings the result back into an emulated type's range.
     fn cast(&self, a: ValueId, to: Item) -> String {
         let from = self.item(a);
         let ty = item_ty(to);
@@ -787,32 +1047,31 @@ impl<'a> Gen<'a> {
                 (item_ty(from), x)
             };
             let bits = to.elem.size() * 8;
-            let signed = matches!(to.elem, ElemType::I32 | ElemType::I64);
-            let suffix = if bits == 64 {
-                if signed { "li" } else { "lu" }
-            } else if signed {
-                "i"
-            } else {
-                "u"
+            let signed = matches!(
+                to.elem,
+                ElemType::I8 | ElemType::I16 | ElemType::I32 | ElemType::I64
+            );
+            let suffix = match (bits == 64, signed) {
+                (true, true) => "li",
+                (true, false) => "lu",
+                (false, true) => "i",
+                (false, false) => "u",
             };
             let (lo_bound, hi_bound, lo_val, hi_val) = if signed {
                 let hi = 2f64.powi(bits as i32 - 1);
-                let max = if bits == 64 {
-                    i64::MAX.to_string()
-                } else {
-                    i32::MAX.to_string()
-                };
+                let max = (1u64 << (bits - 1)) - 1;
                 (
                     format!("{fty}({:?})", -hi),
                     format!("{fty}({:?})", hi),
+                    // MIN is written as -MAX - 1: its magnitude does not fit the literal.
                     format!("({ty}(-{max}{suffix}) - {ty}(1{suffix}))"),
                     format!("{ty}({max}{suffix})"),
                 )
             } else {
                 let max = if bits == 64 {
-                    u64::MAX.to_string()
+                    u64::MAX
                 } else {
-                    u32::MAX.to_string()
+                    (1u64 << bits) - 1
                 };
                 (
                     format!("{fty}(-1.0)"),
@@ -823,8 +1082,22 @@ impl<'a> Gen<'a> {
             };
             let cmp_lo = if signed { "<" } else { "<=" };
             return format!(
-                "select(select(select({ty}({fx}), {hi_val}, {fx} >= {hi_bound}), {lo_val}, {fx} {cmp_lo} {lo_bound}), {ty}(0{suffix}), {fx} != {fx})"
+                "select(select(select({ty}({fx}), {hi_val}, {fx} >= {hi_bound}), {lo_val}, {fx} {cmp_lo} {lo_bound}), {ty}(0{suffix}), !({fx} == {fx}))"
             );
+        }
+        if is_integer(from.elem) && is_integer(to.elem) && to.elem.size() == 8 {
+            // Widen by the source's signedness, then reinterpret: naga converts u32 -> i64 (and
+            // i32 -> u64) with the target's signedness, which sign-extends a u32.
+            let signed_from = matches!(
+                from.elem,
+                ElemType::I8 | ElemType::I16 | ElemType::I32 | ElemType::I64
+            );
+            let wide = item_ty(from.with_elem(if signed_from {
+                ElemType::I64
+            } else {
+                ElemType::U64
+            }));
+            return format!("bitcast<{ty}>({wide}({x}))");
         }
         format!("{ty}({x})")
     }
@@ -851,24 +1124,54 @@ fn is_integer(elem: ElemType) -> bool {
     )
 }
 
+/// The WGSL type holding values of `elem`: its own, or for the emulated narrow types the 32-bit
+/// one they are computed in (i8/i16 sign-extended in `i32`, u8/u16 in `u32`, bf16 in `f32`
+/// rounded to bf16 after every operation).
 fn scalar_ty(elem: ElemType) -> &'static str {
     match elem {
         ElemType::Bool => "bool",
-        ElemType::I32 => "i32",
-        ElemType::U32 => "u32",
-        ElemType::F32 => "f32",
+        ElemType::I8 | ElemType::I16 | ElemType::I32 => "i32",
+        ElemType::U8 | ElemType::U16 | ElemType::U32 => "u32",
+        ElemType::BF16 | ElemType::F32 => "f32",
         ElemType::F16 => "f16",
         ElemType::F64 => "f64",
         ElemType::I64 => "i64",
         ElemType::U64 => "u64",
-        // Rejected by `check_types` before any code is generated.
-        ElemType::I8 | ElemType::I16 | ElemType::U8 | ElemType::U16 | ElemType::BF16 => {
-            unreachable!("{elem} was rejected by the type check")
-        }
     }
 }
 
-/// The WGSL type of an item (widths 1, 2 and 4; others are rejected by the type check).
+/// Whether buffers of `elem` are packed into `u32` words (WGSL storage has no such type).
+fn is_packed(elem: ElemType) -> bool {
+    matches!(
+        elem,
+        ElemType::Bool
+            | ElemType::I8
+            | ElemType::I16
+            | ElemType::U8
+            | ElemType::U16
+            | ElemType::BF16
+    )
+}
+
+/// The low `bytes` bytes of a `u32` set.
+fn byte_mask(bytes: usize) -> u32 {
+    if bytes >= 4 {
+        u32::MAX
+    } else {
+        (1u32 << (8 * bytes)) - 1
+    }
+}
+
+/// The component `j` of the value `x` of an item of `width` components.
+fn component(x: &str, width: u8, j: usize) -> String {
+    if width == 1 {
+        x.to_string()
+    } else {
+        format!("{x}[{j}u]")
+    }
+}
+
+/// The WGSL type of an item's values (widths 1, 2 and 4; others are rejected by the type check).
 fn item_ty(item: Item) -> String {
     let s = scalar_ty(item.elem);
     if item.width == 1 {
@@ -888,13 +1191,10 @@ fn literal(value: ScalarValue) -> String {
         ScalarValue::I64(x) => format!("bitcast<i64>({}lu)", x as u64),
         ScalarValue::U64(x) => format!("{x}lu"),
         ScalarValue::F64(x) => format!("bitcast<f64>({}lu)", x.to_bits()),
-        // Narrow types are rejected by the type check; they never reach the generator.
-        ScalarValue::I8(_)
-        | ScalarValue::I16(_)
-        | ScalarValue::U8(_)
-        | ScalarValue::U16(_)
-        | ScalarValue::BF16(_) => {
-            unreachable!("narrow literal {value:?} was rejected by the type check")
-        }
+        ScalarValue::I8(x) => format!("bitcast<i32>({}u)", i32::from(x) as u32),
+        ScalarValue::I16(x) => format!("bitcast<i32>({}u)", i32::from(x) as u32),
+        ScalarValue::U8(x) => format!("{x}u"),
+        ScalarValue::U16(x) => format!("{x}u"),
+        ScalarValue::BF16(x) => format!("bitcast<f32>({}u)", u32::from(x.to_bits()) << 16),
     }
 }

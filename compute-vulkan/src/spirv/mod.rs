@@ -53,6 +53,16 @@
 //!   component.
 //! - Bounds checks (global in `checked` launches, shared and local always) are structured
 //!   selections: a guarded load merges with 0 through an `OpPhi`, stores and atomics are skipped.
+//! - Atomics are relaxed (as CUDA's and WGSL's), Device scope on buffers, Workgroup scope on
+//!   shared memory; `atomic_store` is an `OpAtomicExchange` (the IR returns the previous value).
+//!   The barrier is `OpControlBarrier(Workgroup, Workgroup, AcquireRelease | WorkgroupMemory |
+//!   UniformMemory)`.
+//! - Float math: see the `math` module (own `f64` routines for exp/log/sin/cos/tanh/pow/erf/
+//!   log1p, own log, sin, cos, tanh, erf, log1p for every type; `f16` and `bf16` compute their
+//!   transcendental functions in `f32`). Steps that must stay exact carry `NoContraction`.
+//! - Structured control flow: `OpSelectionMerge` for `if`, `OpLoopMerge` with a continue block
+//!   for loops; a range loop's continue block adds the step and leaves the loop where `i + step`
+//!   would overflow; statements after `return`/`break`/`continue` in a block are dropped.
 //!
 //! # What the device must enable
 //!
@@ -66,8 +76,7 @@
 //! of 64-bit integers use 64-bit subgroup arithmetic (`shaderSubgroupExtendedTypes`, Vulkan 1.2;
 //! flagged by [`SpirvKernel::subgroup_extended_types`]); 8/16-bit integers and `f16` are reduced
 //! in 32 bits and broadcasts/shuffles move 64-bit integers as two halves, so they need nothing
-//! more. Simplest: enable
-//! every feature [`SpirvCaps`] reports, once, at device creation.
+//! more. Simplest: enable every feature [`SpirvCaps`] reports, once, at device creation.
 //!
 //! The compiler requires `shaderInt8` (`shaderInt16`) for any 8-bit (16-bit) integer, including
 //! `bool` buffers (stored as `u8`) and `bf16` buffers (stored as `u16`).

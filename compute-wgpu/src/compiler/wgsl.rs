@@ -514,7 +514,12 @@ impl<'a> Gen<'a> {
                 }
             }
             Op::Fma(a, b, c) => {
-                if is_float(item.elem) {
+                if item.elem == ElemType::F16 {
+                    // In f32 (where the product of two f16 is exact), rounded once to f16:
+                    // lavapipe's f16 fma rounds the product first.
+                    let w = item_ty(item.with_elem(ElemType::F32));
+                    format!("{ty}(fma({w}({}), {w}({}), {w}({})))", v(a), v(b), v(c))
+                } else if is_float(item.elem) {
                     format!("fma({}, {}, {})", v(a), v(b), v(c))
                 } else {
                     format!("({} * {} + {})", v(a), v(b), v(c))
@@ -704,8 +709,49 @@ impl<'a> Gen<'a> {
     }
 
     fn unary(&mut self, op: UnaryOp, a: ValueId, depth: usize) -> String {
-        let ty = item_ty(self.item(a));
+        let item = self.item(a);
         let x = format!("v{}", a.0);
+        let transcendental = matches!(
+            op,
+            UnaryOp::Sqrt
+                | UnaryOp::Rsqrt
+                | UnaryOp::Exp
+                | UnaryOp::Log
+                | UnaryOp::Log1p
+                | UnaryOp::Sin
+                | UnaryOp::Cos
+                | UnaryOp::Tanh
+                | UnaryOp::Erf
+        );
+        if item.elem == ElemType::F16 && transcendental {
+            // In f32, rounded once to f16: drivers' f16 functions can be off by more than
+            // f16's precision (lavapipe's exp(10) = 2.1952e4 for 2.2032e4).
+            let wide = item.with_elem(ElemType::F32);
+            let inner = self.unary_of(op, &format!("{}({x})", item_ty(wide)), wide, depth);
+            return format!("{}({inner})", item_ty(item));
+        }
+        if item.elem == ElemType::F64 && op == UnaryOp::Round {
+            // Half to even: some drivers (lavapipe) round f64 halves away from zero. On |x|:
+            // `d = a - floor(a)` is exact; a half goes to the even neighbour; the sign is put back.
+            let ty = item_ty(item);
+            let n = self.fresh();
+            self.line(depth, &format!("let _a{n}: {ty} = abs({x});"));
+            self.line(depth, &format!("let _f{n}: {ty} = floor(_a{n});"));
+            self.line(depth, &format!("let _d{n}: {ty} = _a{n} - _f{n};"));
+            self.line(
+                depth,
+                &format!(
+                    "let _r{n}: {ty} = select(select(_f{n}, _f{n} + {ty}(1), _d{n} > {ty}(0.5)), _f{n} + (_f{n} - {ty}(2) * floor(_f{n} * {ty}(0.5))), _d{n} == {ty}(0.5));"
+                ),
+            );
+            return format!("select(_r{n}, -_r{n}, {x} < {ty}(0))");
+        }
+        self.unary_of(op, &x, item, depth)
+    }
+
+    /// `op` applied to the expression `x` of `item`.
+    fn unary_of(&mut self, op: UnaryOp, x: &str, item: Item, depth: usize) -> String {
+        let ty = item_ty(item);
         match op {
             UnaryOp::Neg => format!("(-{x})"),
             UnaryOp::Abs => format!("abs({x})"),
@@ -716,7 +762,7 @@ impl<'a> Gen<'a> {
             UnaryOp::Exp => format!("exp({x})"),
             UnaryOp::Log => format!("log({x})"),
             UnaryOp::Log1p => format!("log({ty}(1) + {x})"),
-            UnaryOp::Sin | UnaryOp::Cos if self.item(a).elem == ElemType::F32 => {
+            UnaryOp::Sin | UnaryOp::Cos if item.elem == ElemType::F32 => {
                 let f = self.trig_helper(&ty);
                 let shift = u32::from(op == UnaryOp::Cos);
                 format!("{f}({x}, {shift})")

@@ -560,3 +560,73 @@ impl ScalarTriple {
         (k.lit(a), k.lit(b), k.lit(c))
     }
 }
+
+#[test]
+fn float_remainder_is_exact() {
+    let Some(c) = client() else { return };
+    let xs: Vec<f64> = vec![
+        7.5,
+        -7.5,
+        1e10,
+        -3.25,
+        5.0,
+        0.3,
+        1e-30,
+        123_456.789,
+        3.0,
+        -0.0,
+        1e300,
+        2.5,
+    ];
+    let ys: Vec<f64> = vec![
+        0.1,
+        0.1,
+        3.3,
+        2.0,
+        -2.5,
+        0.1,
+        7.0,
+        0.001,
+        0.0,
+        1.0,
+        1e-300,
+        f64::INFINITY,
+    ];
+    for elem in [ElemType::F32, ElemType::F64] {
+        let got: Vec<f64> = if elem == ElemType::F32 {
+            let a: Vec<f32> = xs.iter().map(|&v| v as f32).collect();
+            let b: Vec<f32> = ys.iter().map(|&v| v as f32).collect();
+            let h = run2(&c, elem, "fmod32", &a, &b, |k, x, y| k.rem(x, y), elem);
+            let got = download::<f32>(&c, &h);
+            for j in 0..a.len() {
+                let w = a[j] % b[j];
+                assert!(
+                    got[j].to_bits() == w.to_bits() || (got[j].is_nan() && w.is_nan()),
+                    "f32 {} % {} = {}, expected {w}",
+                    a[j],
+                    b[j],
+                    got[j]
+                );
+            }
+            got.into_iter().map(f64::from).collect()
+        } else {
+            if !c.features().supports(ElemType::F64) {
+                continue;
+            }
+            let h = run2(&c, elem, "fmod64", &xs, &ys, |k, x, y| k.rem(x, y), elem);
+            let got = download::<f64>(&c, &h);
+            for j in 0..xs.len() {
+                let w = xs[j] % ys[j];
+                assert!(
+                    got[j].to_bits() == w.to_bits() || (got[j].is_nan() && w.is_nan()),
+                    "f64 {} % {} = {}, expected {w}",
+                    xs[j],
+                    ys[j],
+                    got[j]
+                );
+            }
+            got
+        };
+        assert_eq!(got.len(), xs.len());
+    }
+}

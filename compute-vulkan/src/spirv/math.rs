@@ -412,6 +412,90 @@ impl Emitter<'_> {
         self.sel(mb, neg, nr, r)
     }
 
+    /// `fmod(x, y)`, exact (truncated remainder, the sign of `x`), for the compute type `mb`:
+    /// `OpFRem` is only as precise as `x - y * trunc(x / y)` on some drivers. The remainder is
+    /// reduced by `|y| * 2^k` with the largest `k` that fits, each step exact (Sterbenz), at most
+    /// one step per binade between `x` and `y`.
+    pub fn fmod(&mut self, mb: u32, x: u32, y: u32) -> u32 {
+        let t = self.fty(mb);
+        let bt = self.m.t_bool();
+        let i32t = self.m.t_int(32);
+        let ax = self.gl(t, gl::FABS, &[x]);
+        let ay = self.gl(t, gl::FABS, &[y]);
+        let r = self.fn_var(t, None);
+        self.op_void(Op::Store, &[r, ax]);
+        let frexp_ty = self.m.t_struct(&[t, i32t]);
+        let ey = self.gl(frexp_ty, gl::FREXP_STRUCT, &[ay]);
+        let ey = self.op(Op::CompositeExtract, i32t, &[ey, 1]);
+        self.while_loop(
+            |e| {
+                let rv = e.op(Op::Load, t, &[r]);
+                e.fcmp(Op::FOrdGreaterThanEqual, rv, ay)
+            },
+            |e| {
+                let rv = e.op(Op::Load, t, &[r]);
+                let er = e.gl(frexp_ty, gl::FREXP_STRUCT, &[rv]);
+                let er = e.op(Op::CompositeExtract, i32t, &[er, 1]);
+                let d = e.op(Op::ISub, i32t, &[er, ey]);
+                let sc = e.gl(t, gl::LDEXP, &[ay, d]);
+                let too_big = e.fcmp(Op::FOrdGreaterThan, sc, rv);
+                let half = e.c(mb, 0.5);
+                let hs = e.f2(Op::FMul, mb, sc, half);
+                let sc = e.sel(mb, too_big, hs, sc);
+                let nr = e.f2(Op::FSub, mb, rv, sc);
+                e.op_void(Op::Store, &[r, nr]);
+            },
+        );
+        let rv = self.op(Op::Load, t, &[r]);
+        let zero = self.c(mb, 0.0);
+        let negz = {
+            // -0.0 < 0 is false: look at the sign bit.
+            let ut = self.m.t_int(mb);
+            let b = self.op(Op::Bitcast, ut, &[x]);
+            let sign = self.m.c_int(mb, 1u64 << (mb - 1));
+            let s = self.op(Op::BitwiseAnd, ut, &[b, sign]);
+            let z = self.m.c_int(mb, 0);
+            self.op(Op::INotEqual, bt, &[s, z])
+        };
+        let nrv = self.op(Op::FNegate, t, &[rv]);
+        let res = self.sel(mb, negz, nrv, rv);
+        // NaN for y == 0, x infinite or either NaN; x itself when y is infinite.
+        let inf = self.c(mb, f64::INFINITY);
+        let nan = self.c(mb, f64::NAN);
+        let y0 = self.fcmp(Op::FOrdEqual, ay, zero);
+        let xinf = self.fcmp(Op::FOrdEqual, ax, inf);
+        let yinf = self.fcmp(Op::FOrdEqual, ay, inf);
+        let xn = self.op(Op::IsNan, bt, &[x]);
+        let yn = self.op(Op::IsNan, bt, &[y]);
+        let bad = self.op(Op::LogicalOr, bt, &[y0, xinf]);
+        let bad = self.op(Op::LogicalOr, bt, &[bad, xn]);
+        let bad = self.op(Op::LogicalOr, bt, &[bad, yn]);
+        let res = self.sel(mb, yinf, x, res);
+        self.sel(mb, bad, nan, res)
+    }
+
+    /// A structured `while (cond) body` loop (`cond` runs in the header block, both closures
+    /// straight-line).
+    fn while_loop(&mut self, cond: impl FnOnce(&mut Self) -> u32, body: impl FnOnce(&mut Self)) {
+        let header = self.m.id();
+        let body_l = self.m.id();
+        let cont = self.m.id();
+        let merge = self.m.id();
+        self.branch(header);
+        self.label(header);
+        let go = cond(self);
+        self.op_void(Op::LoopMerge, &[merge, cont, 0]);
+        self.op_void(Op::BranchConditional, &[go, body_l, merge]);
+        self.terminated = true;
+        self.label(body_l);
+        body(self);
+        self.branch(cont);
+        self.label(cont);
+        self.op_void(Op::Branch, &[header]);
+        self.terminated = true;
+        self.label(merge);
+    }
+
     /// A structured loop running `body` `n` times (straight-line bodies only).
     fn counted_loop(&mut self, n: u32, body: impl FnOnce(&mut Self)) {
         let u = self.m.t_u32();

@@ -186,7 +186,18 @@ impl Emitter<'_> {
                 BinaryOp::Sub => self.op(Op::FSub, ty, &[a, b]),
                 BinaryOp::Mul => self.op(Op::FMul, ty, &[a, b]),
                 BinaryOp::Div => self.op(Op::FDiv, ty, &[a, b]),
-                BinaryOp::Rem => self.op(Op::FRem, ty, &[a, b]),
+                BinaryOp::Rem => {
+                    let x = self.widen_math(elem, a);
+                    let y = self.widen_math(elem, b);
+                    let mb = if elem == ElemType::F64 { 64 } else { 32 };
+                    let r = self.fmod(mb, x, y);
+                    // The exact remainder is representable in the operands' type.
+                    return Ok(if elem == ElemType::F16 {
+                        self.narrow_math(elem, r)
+                    } else {
+                        r
+                    });
+                }
                 BinaryOp::Min => return Ok(self.gl(ty, gl::FMIN, &[a, b])),
                 BinaryOp::Max => return Ok(self.gl(ty, gl::FMAX, &[a, b])),
                 BinaryOp::Pow => {

@@ -18,6 +18,8 @@ pub(super) mod gl {
     pub const FMIN: u32 = 37;
     pub const FMAX: u32 = 40;
     pub const FMA: u32 = 50;
+    pub const FREXP_STRUCT: u32 = 52;
+    pub const LDEXP: u32 = 53;
 }
 
 /// Encode a literal string operand (nul-terminated, padded to a word).

@@ -19,7 +19,9 @@
 //!   `1 - 2 / (exp(2|x|) + 1)` above, the sign restored;
 //! - log1p: `u = 1 + x`, `log(u) * x / (u - 1)` (exact where `u - 1 == 0`: `x`);
 //! - erf: `2/sqrt(pi) e^{-x^2} sum 2^n x^{2n+1} / (2n+1)!!` (every term positive, no
-//!   cancellation) in a counted loop, 1 past `|x| >= 6` (`f64`) or `4` (`f32`).
+//!   cancellation) in a counted loop, 1 past `|x| >= 6` (`f64`) or `4` (`f32`);
+//! - the float remainder (`fmod`, exact): `|x|` reduced by `|y| 2^k` (largest fitting `k`, from
+//!   `FrexpStruct`/`Ldexp`), one exact subtraction per binade, the sign of `x`.
 
 use compute_core::ServerError;
 use compute_core::kernel::UnaryOp;

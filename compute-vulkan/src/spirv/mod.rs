@@ -58,8 +58,9 @@
 //!   The barrier is `OpControlBarrier(Workgroup, Workgroup, AcquireRelease | WorkgroupMemory |
 //!   UniformMemory)`.
 //! - Float math: see the `math` module (own `f64` routines for exp/log/sin/cos/tanh/pow/erf/
-//!   log1p, own log, sin, cos, tanh, erf, log1p for every type; `f16` and `bf16` compute their
-//!   transcendental functions in `f32`). Steps that must stay exact carry `NoContraction`.
+//!   log1p, own log, sin, cos, tanh, erf, log1p and an exact float remainder for every type;
+//!   `f16` and `bf16` compute their transcendental functions in `f32`). Steps that must stay
+//!   exact carry `NoContraction`.
 //! - Structured control flow: `OpSelectionMerge` for `if`, `OpLoopMerge` with a continue block
 //!   for loops; a range loop's continue block adds the step and leaves the loop where `i + step`
 //!   would overflow; statements after `return`/`break`/`continue` in a block are dropped.

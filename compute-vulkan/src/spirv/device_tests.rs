@@ -630,3 +630,50 @@ fn float_remainder_is_exact() {
         assert_eq!(got.len(), xs.len());
     }
 }
+
+#[test]
+fn plane_reductions_of_64_bit_integers() {
+    let Some(c) = client() else { return };
+    if !c.features().supports(ElemType::I64) {
+        return;
+    }
+    // One cube of 32 units; the plane may be smaller (lavapipe: 8 or 16 or 32 lanes), so compare
+    // per plane with the host, using the plane size the kernel reports.
+    let xs: Vec<i64> = (0..32)
+        .map(|i: i64| (i - 13) * 0x0123_4567_89ab_i64 + if i % 3 == 0 { i64::MIN / 2 } else { 7 })
+        .collect();
+    let mut k = KernelBuilder::new("plane64_values", [32, 1, 1]);
+    let a = k.input("a", ElemType::I64, 1);
+    let out = k.output("out", ElemType::I64, 4);
+    let i = k.unit_pos();
+    let x = k.load(a, i);
+    let s = k.plane_sum(x);
+    let mn = k.plane_min(x);
+    let mx = k.plane_max(x);
+    let ps = k.plane_size();
+    let ps = k.cast(ps, ElemType::I64);
+    let v = k.vector(&[s, mn, mx, ps]);
+    k.store(out, i, v);
+    let def = k.build().expect("builds");
+    let (h_a, h_o) = (upload(&c, &xs), c.create(Bytes::zeroed(32 * 32)));
+    launch(&c, def, &[&h_a, &h_o]);
+    let got = download::<i64>(&c, &h_o);
+    let plane = got[3] as usize;
+    assert!(plane.is_power_of_two() && plane >= 4, "plane size {plane}");
+    for t in 0..32 {
+        let base = t / plane * plane;
+        let lanes = &xs[base..(base + plane).min(32)];
+        let sum = lanes.iter().fold(0i64, |a, b| a.wrapping_add(*b));
+        assert_eq!(got[t * 4], sum, "sum at unit {t}");
+        assert_eq!(
+            got[t * 4 + 1],
+            *lanes.iter().min().expect("lanes"),
+            "min at {t}"
+        );
+        assert_eq!(
+            got[t * 4 + 2],
+            *lanes.iter().max().expect("lanes"),
+            "max at {t}"
+        );
+    }
+}

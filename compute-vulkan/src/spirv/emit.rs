@@ -1747,7 +1747,11 @@ impl<'a> Emitter<'a> {
             e => (e, x),
         };
         if matches!(ce, ElemType::I64 | ElemType::U64) {
-            self.subgroup_extended_types = true;
+            if p == PlaneOp::Prod {
+                self.subgroup_extended_types = true;
+            } else {
+                return Ok(self.plane64(p, ce.is_signed_int(), x));
+            }
         }
         let ty = self.reg_ty(ce);
         let float = ce.is_float();
@@ -1776,6 +1780,60 @@ impl<'a> Emitter<'a> {
         } else {
             Ok(r)
         }
+    }
+
+    /// A 64-bit integer sum, min or max over the plane from 32-bit subgroup arithmetic: the sum
+    /// of four 16-bit slices (each slice's sum fits 32 bits for up to 65536 lanes), recombined
+    /// with wrapping; min/max of the high words, then of the low words among the units that hold
+    /// the winning high word.
+    fn plane64(&mut self, p: PlaneOp, signed: bool, x: u32) -> u32 {
+        let scope = self.m.c_u32(SCOPE_SUBGROUP);
+        let u = self.m.t_u32();
+        let t64 = self.m.t_int(64);
+        let bt = self.m.t_bool();
+        if p == PlaneOp::Sum {
+            let mask = self.m.c_int(64, 0xffff);
+            let mut acc = None;
+            for k in 0..4u64 {
+                let sh = self.m.c_int(64, 16 * k);
+                let part = self.op(Op::ShiftRightLogical, t64, &[x, sh]);
+                let part = self.op(Op::BitwiseAnd, t64, &[part, mask]);
+                let part = self.op(Op::UConvert, u, &[part]);
+                let s = self.op(Op::GroupNonUniformIAdd, u, &[scope, 0, part]);
+                let s = self.op(Op::UConvert, t64, &[s]);
+                let s = self.op(Op::ShiftLeftLogical, t64, &[s, sh]);
+                acc = Some(match acc {
+                    None => s,
+                    Some(a) => self.op(Op::IAdd, t64, &[a, s]),
+                });
+            }
+            return acc.unwrap_or(x);
+        }
+        let s32 = self.m.c_int(64, 32);
+        let hi = self.op(Op::ShiftRightLogical, t64, &[x, s32]);
+        let hi = self.op(Op::UConvert, u, &[hi]);
+        let lo = self.op(Op::UConvert, u, &[x]);
+        let min = p == PlaneOp::Min;
+        let hop = match (min, signed) {
+            (true, true) => Op::GroupNonUniformSMin,
+            (true, false) => Op::GroupNonUniformUMin,
+            (false, true) => Op::GroupNonUniformSMax,
+            (false, false) => Op::GroupNonUniformUMax,
+        };
+        let mh = self.op(hop, u, &[scope, 0, hi]);
+        let mine = self.op(Op::IEqual, bt, &[hi, mh]);
+        let neutral = self.m.c_u32(if min { u32::MAX } else { 0 });
+        let cand = self.op(Op::Select, u, &[mine, lo, neutral]);
+        let lop = if min {
+            Op::GroupNonUniformUMin
+        } else {
+            Op::GroupNonUniformUMax
+        };
+        let ml = self.op(lop, u, &[scope, 0, cand]);
+        let mh = self.op(Op::UConvert, t64, &[mh]);
+        let mh = self.op(Op::ShiftLeftLogical, t64, &[mh, s32]);
+        let ml = self.op(Op::UConvert, t64, &[ml]);
+        self.op(Op::BitwiseOr, t64, &[mh, ml])
     }
 
     // ---------------------------------------------------------------------------------------

@@ -73,11 +73,11 @@
 //! `storageBuffer8BitAccess`, `StorageBuffer16BitAccess` -> `storageBuffer16BitAccess`,
 //! `Int64Atomics` -> `shaderBufferInt64Atomics`/`shaderSharedInt64Atomics`,
 //! `AtomicFloat32AddEXT` -> `shaderBufferFloat32AtomicAdd`/`shaderSharedFloat32AtomicAdd`
-//! (`VK_EXT_shader_atomic_float`), `GroupNonUniform*` -> the subgroup operations. Plane reductions
-//! of 64-bit integers use 64-bit subgroup arithmetic (`shaderSubgroupExtendedTypes`, Vulkan 1.2;
-//! flagged by [`SpirvKernel::subgroup_extended_types`]); 8/16-bit integers and `f16` are reduced
-//! in 32 bits and broadcasts/shuffles move 64-bit integers as two halves, so they need nothing
-//! more. Simplest: enable every feature [`SpirvCaps`] reports, once, at device creation.
+//! (`VK_EXT_shader_atomic_float`), `GroupNonUniform*` -> the subgroup operations. Only the plane
+//! *product* of 64-bit integers uses 64-bit subgroup arithmetic (`shaderSubgroupExtendedTypes`,
+//! Vulkan 1.2; flagged by [`SpirvKernel::subgroup_extended_types`]); 8/16-bit integers and `f16`
+//! are reduced in 32 bits, 64-bit sums/min/max are built from 32-bit reductions, and
+//! broadcasts/shuffles move 64-bit integers as two halves, so they need nothing more. Simplest: enable every feature [`SpirvCaps`] reports, once, at device creation.
 //!
 //! The compiler requires `shaderInt8` (`shaderInt16`) for any 8-bit (16-bit) integer, including
 //! `bool` buffers (stored as `u8`) and `bf16` buffers (stored as `u16`).
@@ -166,7 +166,7 @@ pub struct SpirvKernel {
     /// Whether the module uses subgroup operations or builtins (the pipeline's stage must
     /// support them).
     pub uses_subgroups: bool,
-    /// Whether the module reduces 64-bit integers over a subgroup, which needs
+    /// Whether the module multiplies 64-bit integers over a subgroup (`plane_prod`), which needs
     /// `shaderSubgroupExtendedTypes` (Vulkan 1.2); launch it only where the device has it.
     pub subgroup_extended_types: bool,
     /// The SPIR-V capabilities the module declares (see the module docs for the matching

@@ -462,7 +462,7 @@ fn plane_operations_validate() {
         assert_eq!(
             sk.subgroup_extended_types,
             matches!(elem, ElemType::I64 | ElemType::U64),
-            "{elem}: only 64-bit integer reductions need extended subgroup types"
+            "{elem}: only 64-bit integer products need extended subgroup types"
         );
         // SPIR-V 1.3 (Vulkan 1.1): broadcast of a non-constant id goes through shuffle.
         let caps = SpirvCaps {
@@ -470,6 +470,23 @@ fn plane_operations_validate() {
             ..full_caps()
         };
         compile_valid_with(&def, &caps, "vulkan1.1");
+    }
+}
+
+#[test]
+fn plane_sum_min_max_of_64_bit_integers_need_no_extended_types() {
+    for elem in [ElemType::I64, ElemType::U64] {
+        let mut k = KernelBuilder::new(&format!("plane64_{elem}"), [32, 1, 1]);
+        let a = k.input("a", elem, 1);
+        let out = k.output("out", elem, 1);
+        let i = k.absolute_pos();
+        let x = k.load(a, i);
+        let s = k.plane_sum(x);
+        let m = k.plane_min(s);
+        let r = k.plane_max(m);
+        k.store(out, i, r);
+        let sk = compile_valid(&k.build().expect("builds"));
+        assert!(!sk.subgroup_extended_types);
     }
 }
 

@@ -474,6 +474,44 @@ fn plane_operations_validate() {
 }
 
 #[test]
+fn shared_bool_and_bf16_without_small_integers_stay_register_typed() {
+    let mut k = KernelBuilder::new("shared_plain", [32, 1, 1]);
+    let out = k.output("out", ElemType::U32, 1);
+    let sb = k.shared("sb", ElemType::Bool, 1, 32);
+    let sh = k.shared("sh", ElemType::BF16, 2, 32);
+    let i = k.unit_pos();
+    let odd = k.bit_and(i, 1u32);
+    let c = k.eq(odd, 1u32);
+    k.store(sb, i, c);
+    let f = k.cast(i, ElemType::BF16);
+    let f2 = k.splat(f, 2);
+    k.store(sh, i, f2);
+    k.barrier();
+    let j = k.sub(31u32, i);
+    let b = k.load(sb, j);
+    let v = k.load(sh, j);
+    let v = k.extract(v, 1);
+    let v = k.cast(v, ElemType::U32);
+    let zero = k.lit_u32(0);
+    let r = k.select(b, v, zero);
+    k.store(out, i, r);
+    let def = k.build().expect("builds");
+    let caps = SpirvCaps {
+        int8: false,
+        int16: false,
+        storage8: false,
+        storage16: false,
+        ..full_caps()
+    };
+    let sk = compile_valid_with(&def, &caps, "vulkan1.3");
+    assert!(!sk.capabilities.contains(&spirv::Capability::Int8));
+    assert!(!sk.capabilities.contains(&spirv::Capability::Int16));
+    let sk = compile_valid(&def);
+    assert!(sk.capabilities.contains(&spirv::Capability::Int8));
+    assert!(sk.capabilities.contains(&spirv::Capability::Int16));
+}
+
+#[test]
 fn plane_sum_min_max_of_64_bit_integers_need_no_extended_types() {
     for elem in [ElemType::I64, ElemType::U64] {
         let mut k = KernelBuilder::new(&format!("plane64_{elem}"), [32, 1, 1]);

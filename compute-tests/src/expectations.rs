@@ -17,16 +17,6 @@ pub struct Expectation {
 pub const EXPECTATIONS: &[Expectation] = &[
     Expectation {
         backend: "wgpu",
-        test: "ir_types_vector_widths",
-        reason: "WGSL vectors have 2 to 4 components; widths 8 and 16 are not lowered to arrays yet",
-    },
-    Expectation {
-        backend: "wgpu",
-        test: "ir_metadata_buffer_len",
-        reason: "the test's u8 buffer has items of 16 components; WGSL vectors have 2 to 4 and widths 8 and 16 are not lowered to arrays yet",
-    },
-    Expectation {
-        backend: "wgpu",
         test: "ir_math_f64",
         reason: "Vulkan's GLSL.std.450 exp/log/sin/cos/tanh/pow take 16/32-bit floats only: lavapipe returns garbage for f64 (exp(0) = 5.3e-315), and the backend does not emulate them in f64 yet",
     },

@@ -10,6 +10,15 @@
 //!   items, since a binding must start at `min_storage_buffer_offset_alignment`), its length in
 //!   items, the rank of its tensor metadata and the word offset of that metadata;
 //! - the metadata: shape, then strides, of each buffer that has them.
+//!
+//! Types WGSL lacks are emulated: bool, i8/i16, u8/u16 and bf16 values are computed in `bool`,
+//! `i32`, `u32` and `f32` (wrapped to their width, or rounded to bf16, after every operation),
+//! and their buffers are `array<u32>` words (`array<atomic<u32>>` when writable) holding the
+//! elements' bytes: loads extract them, stores clear and set their bytes atomically (or store
+//! whole words), so units writing neighbouring elements never race. Items of 8 and 16
+//! components are WGSL arrays, operated on component by component, and their buffers runs of
+//! scalars. `f32` sin/cos use an accurate range reduction, `f16` transcendental functions and fma
+//! go through `f32`, and `f64` round is computed half to even, whatever the driver's own do.
 
 mod wgsl;
 

@@ -121,7 +121,7 @@ impl<'a> Gen<'a> {
 
     fn check_item(&mut self, item: Item, context: &str) -> Result<()> {
         self.check_elem(item.elem, context)?;
-        if !matches!(item.width, 1 | 2 | 4) {
+        if !matches!(item.width, 1 | 2 | 4 | 8 | 16) {
             return Err(unsupported(
                 self.def,
                 format!(
@@ -267,6 +267,9 @@ impl<'a> Gen<'a> {
                 } else {
                     "atomic<u32>".into()
                 }
+            } else if b.vector_width > 4 {
+                // Items of 8 and 16 components are runs of scalars.
+                scalar_ty(b.elem).to_string()
             } else {
                 item_ty(b.item())
             };
@@ -353,6 +356,13 @@ impl<'a> Gen<'a> {
             Stmt::Let { out, op } => self.let_(*out, op, depth)?,
             Stmt::Store { mem, index, value } if self.packed_global(*mem) => {
                 self.store_packed(*mem, *index, *value, depth);
+            }
+            Stmt::Store {
+                mem: MemRef::Global(k),
+                index,
+                value,
+            } if self.mem_item(MemRef::Global(*k)).width > 4 => {
+                self.store_wide(*k, *index, *value, depth);
             }
             Stmt::Store { mem, index, value } => {
                 let idx = format!("u32(v{})", index.0);
@@ -459,6 +469,10 @@ impl<'a> Gen<'a> {
             Op::Load { mem, index } if self.packed_global(*mem) => {
                 self.load_packed(*mem, *index, item, depth)
             }
+            Op::Load {
+                mem: MemRef::Global(k),
+                index,
+            } if item.width > 4 => self.load_wide(*k, *index, item, depth),
             Op::Load { mem, index } => {
                 let idx = format!("u32(v{})", index.0);
                 let at = Self::mem_at(*mem, &idx);
@@ -495,40 +509,17 @@ impl<'a> Gen<'a> {
                 )
             }
             Op::ReadVar(var) => format!("x{}", var.0),
-            Op::Unary(op, a) => self.unary(*op, *a, depth),
-            Op::Binary(op, a, b) => self.binary(*op, *a, *b),
-            Op::Compare(op, a, b) => {
-                let sym = match op {
-                    CmpOp::Eq => "==",
-                    CmpOp::Ne => "!=",
-                    CmpOp::Lt => "<",
-                    CmpOp::Le => "<=",
-                    CmpOp::Gt => ">",
-                    CmpOp::Ge => ">=",
-                };
-                if *op == CmpOp::Ne && is_float(self.item(*a).elem) {
-                    // Unordered: NaN != x. Written as !(a == b), which no driver orders.
-                    format!("(!({} == {}))", v(a), v(b))
-                } else {
-                    format!("({} {sym} {})", v(a), v(b))
-                }
-            }
-            Op::Fma(a, b, c) => {
-                if item.elem == ElemType::F16 {
-                    // In f32 (where the product of two f16 is exact), rounded once to f16:
-                    // lavapipe's f16 fma rounds the product first.
-                    let w = item_ty(item.with_elem(ElemType::F32));
-                    format!("{ty}(fma({w}({}), {w}({}), {w}({})))", v(a), v(b), v(c))
-                } else if is_float(item.elem) {
-                    format!("fma({}, {}, {})", v(a), v(b), v(c))
-                } else {
-                    format!("({} * {} + {})", v(a), v(b), v(c))
-                }
-            }
-            Op::Clamp(x, lo, hi) => format!("clamp({}, {}, {})", v(x), v(lo), v(hi)),
-            Op::Select(c, a, b) => format!("select({}, {}, {})", v(b), v(a), v(c)),
-            Op::Cast(a, _) => self.cast(*a, item),
+            Op::Unary(..)
+            | Op::Binary(..)
+            | Op::Compare(..)
+            | Op::Fma(..)
+            | Op::Clamp(..)
+            | Op::Select(..)
+            | Op::Cast(..) => self.elementwise_value(op, item, depth),
             Op::Bitcast(a, _, _) => self.bitcast(*a, item, depth),
+            Op::Splat(a, _) if item.width > 4 => {
+                format!("{ty}({})", vec![v(a); item.width as usize].join(", "))
+            }
             Op::Splat(a, _) => format!("{ty}({})", v(a)),
             Op::Extract(a, c) => {
                 if self.item(*a).width == 1 {
@@ -592,6 +583,16 @@ impl<'a> Gen<'a> {
                     call
                 }
             }
+            Op::Plane(..) | Op::PlaneBroadcast(..) | Op::PlaneShuffle(..) | Op::Ballot(_)
+                if item.width > 4 =>
+            {
+                return Err(unsupported(
+                    self.def,
+                    format!(
+                        "a plane operation on {item} (WGSL subgroup operations take vectors of up to 4 components)"
+                    ),
+                ));
+            }
             Op::Plane(op, a) => {
                 self.need_subgroups("plane operations")?;
                 let f = match op {
@@ -613,16 +614,11 @@ impl<'a> Gen<'a> {
                 format!("subgroupBallot({})", v(a))
             }
         };
-        // Results of operations that can leave an emulated type's range are brought back to it.
+        // Plane results of emulated types are brought back to their range (elementwise ones
+        // are, per component, by `elementwise_value`).
         let expr = if matches!(
             op,
-            Op::Unary(..)
-                | Op::Binary(..)
-                | Op::Fma(..)
-                | Op::Cast(..)
-                | Op::Plane(..)
-                | Op::PlaneBroadcast(..)
-                | Op::PlaneShuffle(..)
+            Op::Plane(..) | Op::PlaneBroadcast(..) | Op::PlaneShuffle(..)
         ) {
             self.normalize(item, &expr)
         } else {
@@ -708,9 +704,8 @@ impl<'a> Gen<'a> {
         }
     }
 
-    fn unary(&mut self, op: UnaryOp, a: ValueId, depth: usize) -> String {
-        let item = self.item(a);
-        let x = format!("v{}", a.0);
+    /// `op` applied to `x`, a value of `item`.
+    fn unary(&mut self, op: UnaryOp, x: &str, item: Item, depth: usize) -> String {
         let transcendental = matches!(
             op,
             UnaryOp::Sqrt
@@ -746,7 +741,7 @@ impl<'a> Gen<'a> {
             );
             return format!("select(_r{n}, -_r{n}, {x} < {ty}(0))");
         }
-        self.unary_of(op, &x, item, depth)
+        self.unary_of(op, x, item, depth)
     }
 
     /// `op` applied to the expression `x` of `item`.
@@ -825,6 +820,147 @@ impl<'a> Gen<'a> {
         );
         self.helpers.push((name.clone(), code));
         name
+    }
+
+    /// The value of an elementwise operation (unary, binary, compare, fma, clamp, select, cast)
+    /// of result `item`: on vectors directly, on arrays (8 and 16 components) per component.
+    /// Results of emulated types are brought back to their range.
+    fn elementwise_value(&mut self, op: &Op, item: Item, depth: usize) -> String {
+        let operands: Vec<ValueId> = match op {
+            Op::Unary(_, a) | Op::Cast(a, _) => vec![*a],
+            Op::Binary(_, a, b) | Op::Compare(_, a, b) => vec![*a, *b],
+            Op::Fma(a, b, c) | Op::Clamp(a, b, c) | Op::Select(a, b, c) => vec![*a, *b, *c],
+            _ => unreachable!("not an elementwise operation: {op:?}"),
+        };
+        let normalizes = matches!(
+            op,
+            Op::Unary(..) | Op::Binary(..) | Op::Fma(..) | Op::Cast(..)
+        );
+        let items: Vec<Item> = operands.iter().map(|&o| self.item(o)).collect();
+        let wide = item.width > 4 || items.iter().any(|i| i.width > 4);
+        if !wide {
+            let args: Vec<String> = operands.iter().map(|o| format!("v{}", o.0)).collect();
+            let expr = self.elementwise(op, &args, &items, item, depth);
+            return if normalizes {
+                self.normalize(item, &expr)
+            } else {
+                expr
+            };
+        }
+        let width = items
+            .iter()
+            .map(|i| i.width)
+            .chain([item.width])
+            .max()
+            .unwrap_or(1);
+        let mut comps = Vec::with_capacity(width as usize);
+        for j in 0..width as usize {
+            let args: Vec<String> = operands
+                .iter()
+                .zip(&items)
+                .map(|(o, i)| component(&format!("v{}", o.0), i.width, j))
+                .collect();
+            let scalars: Vec<Item> = items.iter().map(|i| Item::scalar(i.elem)).collect();
+            let out = Item::scalar(item.elem);
+            let expr = self.elementwise(op, &args, &scalars, out, depth);
+            comps.push(if normalizes {
+                self.normalize(out, &expr)
+            } else {
+                expr
+            });
+        }
+        format!("{}({})", item_ty(item), comps.join(", "))
+    }
+
+    /// The expression of elementwise `op` on the expressions `args` of `items`, result `item`.
+    fn elementwise(
+        &mut self,
+        op: &Op,
+        args: &[String],
+        items: &[Item],
+        item: Item,
+        depth: usize,
+    ) -> String {
+        match op {
+            Op::Unary(op, _) => self.unary(*op, &args[0], items[0], depth),
+            Op::Binary(op, _, _) => self.binary(*op, &args[0], &args[1], items[0]),
+            Op::Compare(op, _, _) => {
+                let sym = match op {
+                    CmpOp::Eq => "==",
+                    CmpOp::Ne => "!=",
+                    CmpOp::Lt => "<",
+                    CmpOp::Le => "<=",
+                    CmpOp::Gt => ">",
+                    CmpOp::Ge => ">=",
+                };
+                if *op == CmpOp::Ne && is_float(items[0].elem) {
+                    // Unordered: NaN != x. Written as !(a == b), which no driver orders.
+                    format!("(!({} == {}))", args[0], args[1])
+                } else {
+                    format!("({} {sym} {})", args[0], args[1])
+                }
+            }
+            Op::Fma(..) => {
+                let ty = item_ty(item);
+                let (a, b, c) = (&args[0], &args[1], &args[2]);
+                if item.elem == ElemType::F16 {
+                    // In f32 (where the product of two f16 is exact), rounded once to f16:
+                    // lavapipe's f16 fma rounds the product first.
+                    let w = item_ty(item.with_elem(ElemType::F32));
+                    format!("{ty}(fma({w}({a}), {w}({b}), {w}({c})))")
+                } else if is_float(item.elem) {
+                    format!("fma({a}, {b}, {c})")
+                } else {
+                    format!("({a} * {b} + {c})")
+                }
+            }
+            Op::Clamp(..) => format!("clamp({}, {}, {})", args[0], args[1], args[2]),
+            Op::Select(..) => format!("select({}, {}, {})", args[2], args[1], args[0]),
+            Op::Cast(..) => self.cast(&args[0], items[0], item),
+            _ => unreachable!("not an elementwise operation: {op:?}"),
+        }
+    }
+
+    /// Load item `index` of buffer `k` whose items are wider than a vector: a run of scalars.
+    fn load_wide(&mut self, k: u32, index: ValueId, item: Item, depth: usize) -> String {
+        let ty = item_ty(item);
+        let w = item.width as usize;
+        let idx = format!("u32(v{})", index.0);
+        let comps: Vec<String> = (0..w)
+            .map(|j| format!("b{k}[(_base{k} + {idx}) * {w}u + {j}u]"))
+            .collect();
+        let value = format!("{ty}({})", comps.join(", "));
+        let n = self.fresh();
+        if self.checked {
+            self.line(depth, &format!("var _ld{n}: {ty} = {ty}();"));
+            self.line(
+                depth,
+                &format!("if ({idx} < _len{k}) {{ _ld{n} = {value}; }}"),
+            );
+        } else {
+            self.line(depth, &format!("let _ld{n}: {ty} = {value};"));
+        }
+        format!("_ld{n}")
+    }
+
+    /// Store `value` at item `index` of buffer `k` whose items are wider than a vector.
+    fn store_wide(&mut self, k: u32, index: ValueId, value: ValueId, depth: usize) {
+        let w = self.mem_item(MemRef::Global(k)).width as usize;
+        let idx = format!("u32(v{})", index.0);
+        let body: Vec<String> = (0..w)
+            .map(|j| {
+                format!(
+                    "b{k}[(_base{k} + {idx}) * {w}u + {j}u] = v{}[{j}u];",
+                    value.0
+                )
+            })
+            .collect();
+        let body = body.join(" ");
+        if self.checked {
+            self.line(depth, &format!("if ({idx} < _len{k}) {{ {body} }}"));
+        } else {
+            self.line(depth, &format!("{{ {body} }}"));
+        }
     }
 
     // ------------------------------------------------------------------------------------------
@@ -994,10 +1130,11 @@ impl<'a> Gen<'a> {
         let ty = item_ty(to);
         let x = format!("v{}", a.0);
         let word_sized = |e: ElemType| matches!(e, ElemType::I32 | ElemType::U32 | ElemType::F32);
-        if from.width == to.width && word_sized(from.elem) && word_sized(to.elem) {
+        let vectors = from.width <= 4 && to.width <= 4;
+        if vectors && from.width == to.width && word_sized(from.elem) && word_sized(to.elem) {
             return format!("bitcast<{ty}>({x})");
         }
-        if from.width == to.width && from.elem.size() == 8 && to.elem.size() == 8 {
+        if vectors && from.width == to.width && from.elem.size() == 8 && to.elem.size() == 8 {
             return format!("bitcast<{ty}>({x})");
         }
         // The source as words: each holds 4 bytes (the last one fewer if the value is smaller).
@@ -1051,9 +1188,8 @@ impl<'a> Gen<'a> {
         }
     }
 
-    fn binary(&self, op: BinaryOp, a: ValueId, b: ValueId) -> String {
-        let item = self.item(a);
-        let (x, y) = (format!("v{}", a.0), format!("v{}", b.0));
+    /// `op` applied to `x` and `y`, values of `item`.
+    fn binary(&self, op: BinaryOp, x: &str, y: &str, item: Item) -> String {
         let infix = |sym: &str| format!("({x} {sym} {y})");
         match op {
             BinaryOp::Add => infix("+"),
@@ -1077,12 +1213,10 @@ impl<'a> Gen<'a> {
     }
 
     /// `cast(a)` to `to`; the caller brings the result back into an emulated type's range.
-    fn cast(&self, a: ValueId, to: Item) -> String {
-        let from = self.item(a);
+    fn cast(&self, x: &str, from: Item, to: Item) -> String {
         let ty = item_ty(to);
-        let x = format!("v{}", a.0);
         if from.elem == to.elem {
-            return x;
+            return x.to_string();
         }
         if is_float(from.elem) && is_integer(to.elem) {
             // Saturate; NaN gives 0 (WGSL leaves out-of-range conversions to the driver).
@@ -1090,7 +1224,7 @@ impl<'a> Gen<'a> {
                 let fty = item_ty(from.with_elem(ElemType::F32));
                 (fty.clone(), format!("{fty}({x})"))
             } else {
-                (item_ty(from), x)
+                (item_ty(from), x.to_string())
             };
             let bits = to.elem.size() * 8;
             let signed = matches!(
@@ -1217,13 +1351,14 @@ fn component(x: &str, width: u8, j: usize) -> String {
     }
 }
 
-/// The WGSL type of an item's values (widths 1, 2 and 4; others are rejected by the type check).
+/// The WGSL type of an item's values: a scalar, a vector (widths 2 and 4) or an array (8, 16).
 fn item_ty(item: Item) -> String {
     let s = scalar_ty(item.elem);
-    if item.width == 1 {
-        s.to_string()
-    } else {
-        format!("vec{}<{s}>", item.width)
+    match item.width {
+        1 => s.to_string(),
+        2..=4 => format!("vec{}<{s}>", item.width),
+        // Wider than WGSL vectors: arrays, operated on component by component.
+        w => format!("array<{s}, {w}>"),
     }
 }
 

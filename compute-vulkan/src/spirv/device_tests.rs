@@ -238,6 +238,17 @@ fn f32_math_matches_std_over_sweeps() {
             1e-7,
         ),
         (UnaryOp::Erf, sweep(-6.0, 6.0, 2000), libm_erf, 5e-6, 1e-7),
+        (UnaryOp::Exp, sweep(-87.0, 88.0, 3000), f64::exp, 3e-7, 0.0),
+        (UnaryOp::Exp, sweep(-1.0, 1.0, 1000), f64::exp, 3e-7, 0.0),
+        (UnaryOp::Log, sweep(0.5, 2.0, 2000), f64::ln, 3e-7, 1e-9),
+        (UnaryOp::Log, sweep(1e-30, 1e30, 2000), f64::ln, 3e-7, 1e-9),
+        (
+            UnaryOp::Log1p,
+            sweep(-1e-3, 1e-3, 2000),
+            f64::ln_1p,
+            3e-7,
+            1e-12,
+        ),
         (
             UnaryOp::Log1p,
             sweep(-0.9, 10.0, 2000),
@@ -263,6 +274,32 @@ fn f32_math_matches_std_over_sweeps() {
         let want: Vec<f64> = xs.iter().map(|&x| host(x)).collect();
         check_close(&format!("{}(f32)", op.name()), &xs, &got, &want, rel, abs);
     }
+    // pow: positive bases, exponents of both signs.
+    let mut xs = Vec::new();
+    let mut ys = Vec::new();
+    for i in 0..40 {
+        for j in 0..40 {
+            xs.push(0.01f32 + i as f32 * 0.77);
+            ys.push(-12.0f32 + j as f32 * 0.61);
+        }
+    }
+    let h = run2(
+        &c,
+        ElemType::F32,
+        "sweep32_pow",
+        &xs,
+        &ys,
+        |k, x, y| k.binary(BinaryOp::Pow, x, y),
+        ElemType::F32,
+    );
+    let got: Vec<f64> = download::<f32>(&c, &h).into_iter().map(f64::from).collect();
+    let want: Vec<f64> = xs
+        .iter()
+        .zip(&ys)
+        .map(|(&x, &y)| f64::from(x).powf(f64::from(y)))
+        .collect();
+    let xs64: Vec<f64> = xs.iter().map(|&x| f64::from(x)).collect();
+    check_close("pow(f32)", &xs64, &got, &want, 2e-7, 1e-38);
 }
 
 #[test]

@@ -1,20 +1,19 @@
 //! Float math routines emitted inline.
 //!
-//! `f32` uses `GLSL.std.450` for exp and pow; `GLSL.std.450` accepts only 16- and 32-bit floats
-//! there, so `f64` gets its own routines (accurate to a few ulps over the usual ranges):
-//! - exp: `k = round(x / ln 2)`, `r = x - k ln 2` with a two-part `ln 2` (fused), a degree-14
+//! `GLSL.std.450` accepts only 16- and 32-bit floats for its transcendental functions and promises
+//! little precision for them (exp: `3 + 2|x|` ulp; log, sin, cos: absolute errors of `2^-21` to
+//! `2^-11`), so every float type gets its own routines (`f16` and `bf16` compute in `f32`),
+//! accurate to a few ulps over the usual ranges:
+//! - exp: `k = round(x / ln 2)`, `r = x - k ln 2` with a two-part `ln 2` (exact products), a
 //!   Taylor polynomial on `|r| <= 0.35`, then `2^k` applied as two exact power-of-two factors (so
 //!   subnormal results round once);
-//! - pow: `exp(y log |x|)`, sign and special cases handled around it.
-//!
-//! Every float type (`f16` and `bf16` in `f32`) uses the same routines for:
+//! - pow: `exp(y log |x|)` (for `f32` through the `f64` routines when the device has `f64`), sign
+//!   and special cases handled around it;
 //! - log: exponent and mantissa from the bits (subnormals pre-scaled), the mantissa in
-//!   `[sqrt(1/2), sqrt(2))`, `log(m) = 2 atanh(s)`, `s = (m - 1) / (m + 1)`, a series in `s^2`
-//!   (`GLSL.std.450 Log` only promises an absolute `2^-21` near 1, too coarse for `log1p`);
-//! - sin, cos: `k = round(x * 2 / pi)`, a three-part fused Cody-Waite reduction of `pi / 2`
-//!   (accurate while `k` fits the mantissa), Taylor polynomials on `[-pi/4, pi/4]`, the quadrant
-//!   from `k mod 4` (`GLSL.std.450` sin/cos only promise an absolute error of `2^-11`, and fast
-//!   hardware sine loses digits for arguments like 100);
+//!   `[sqrt(1/2), sqrt(2))`, `log(m) = 2 atanh(s)`, `s = (m - 1) / (m + 1)`, a series in `s^2`;
+//! - sin, cos: `k = round(x * 2 / pi)`, a Cody-Waite reduction by `pi / 2` in parts with exact
+//!   products (accurate while `k` fits the parts' spare bits: `|x|` up to about `1e6` for `f64`,
+//!   `1e5` for `f32`), Taylor polynomials on `[-pi/4, pi/4]`, the quadrant from `k mod 4`;
 //! - tanh: `expm1(2|x|) / (expm1(2|x|) + 2)` with a Taylor `expm1` below `|x| < 0.625`,
 //!   `1 - 2 / (exp(2|x|) + 1)` above, the sign restored;
 //! - log1p: `u = 1 + x`, `log(u) * x / (u - 1)` (exact where `u - 1 == 0`: `x`);
@@ -143,55 +142,79 @@ impl Emitter<'_> {
         })
     }
 
-    /// `e^x`.
+    /// `e^x` (own routine for both widths: `GLSL.std.450 Exp` only promises `3 + 2|x|` ulp).
     pub fn exp_(&mut self, mb: u32, x: u32) -> u32 {
         let t = self.fty(mb);
-        if mb == 32 {
-            return self.gl(t, gl::EXP, &[x]);
-        }
-        let lo = self.c(64, -746.0);
-        let hi = self.c(64, 710.0);
-        let xc = self.gl(t, gl::FMAX, &[x, lo]);
-        let xc = self.gl(t, gl::FMIN, &[xc, hi]);
-        let l2e = self.c(64, core::f64::consts::LOG2_E);
-        let kx = self.f2(Op::FMul, 64, xc, l2e);
+        // (clamp range, overflow and underflow thresholds, ln 2 split, Taylor terms)
+        let (lo, hi, ovf, unf, ln2, terms) = if mb == 64 {
+            (
+                -746.0,
+                710.0,
+                709.782_712_893_384,
+                -745.133_219_101_941_2,
+                (LN2_HI, LN2_LO),
+                15,
+            )
+        } else {
+            (
+                -104.0,
+                89.0,
+                88.722_835,
+                -103.972_08,
+                (0.693_359_375, -2.121_944_400_546_905_8e-4),
+                9,
+            )
+        };
+        let clo = self.c(mb, lo);
+        let chi = self.c(mb, hi);
+        let xc = self.gl(t, gl::FMAX, &[x, clo]);
+        let xc = self.gl(t, gl::FMIN, &[xc, chi]);
+        let l2e = self.c(mb, core::f64::consts::LOG2_E);
+        let kx = self.f2(Op::FMul, mb, xc, l2e);
         let k = self.gl(t, gl::ROUND_EVEN, &[kx]);
-        let r = self.reduce(64, xc, k, LN2_HI);
-        let r = self.reduce(64, r, k, LN2_LO);
-        let coeffs = inv_factorials(0, 1, 15, false);
-        let p = self.horner(64, r, &coeffs);
+        let r = self.reduce(mb, xc, k, ln2.0);
+        let r = self.reduce(mb, r, k, ln2.1);
+        let coeffs = inv_factorials(0, 1, terms, false);
+        let p = self.horner(mb, r, &coeffs);
         let i32t = self.m.t_int(32);
         let ki = self.op(Op::ConvertFToS, i32t, &[k]);
         let one = self.m.c_u32(1);
         let k1 = self.op(Op::ShiftRightArithmetic, i32t, &[ki, one]);
         let k2 = self.op(Op::ISub, i32t, &[ki, k1]);
-        let s1 = self.pow2_64(k1);
-        let s2 = self.pow2_64(k2);
-        let r = self.f2(Op::FMul, 64, p, s1);
-        let r = self.f2(Op::FMul, 64, r, s2);
-        let ovf = self.c(64, 709.782_712_893_384);
-        let unf = self.c(64, -745.133_219_101_941_2);
-        let inf = self.c(64, f64::INFINITY);
-        let zero = self.c(64, 0.0);
+        let s1 = self.pow2(mb, k1);
+        let s2 = self.pow2(mb, k2);
+        let r = self.f2(Op::FMul, mb, p, s1);
+        let r = self.f2(Op::FMul, mb, r, s2);
+        let ovf = self.c(mb, ovf);
+        let unf = self.c(mb, unf);
+        let inf = self.c(mb, f64::INFINITY);
+        let zero = self.c(mb, 0.0);
         let big = self.fcmp(Op::FOrdGreaterThan, x, ovf);
         let small = self.fcmp(Op::FOrdLessThan, x, unf);
-        let r = self.sel(64, big, inf, r);
-        let r = self.sel(64, small, zero, r);
+        let r = self.sel(mb, big, inf, r);
+        let r = self.sel(mb, small, zero, r);
         let bt = self.m.t_bool();
         let nan = self.op(Op::IsNan, bt, &[x]);
-        self.sel(64, nan, x, r)
+        self.sel(mb, nan, x, r)
     }
 
-    /// `2^k` for an `i32` `k` in the normal exponent range.
-    fn pow2_64(&mut self, k: u32) -> u32 {
+    /// `2^k` for an `i32` `k` in the normal exponent range of the float type.
+    fn pow2(&mut self, mb: u32, k: u32) -> u32 {
         let i32t = self.m.t_int(32);
+        let f = self.fty(mb);
+        if mb == 32 {
+            let bias = self.m.c_u32(127);
+            let e = self.op(Op::IAdd, i32t, &[k, bias]);
+            let s = self.m.c_u32(23);
+            let b = self.op(Op::ShiftLeftLogical, i32t, &[e, s]);
+            return self.op(Op::Bitcast, f, &[b]);
+        }
         let i64t = self.m.t_int(64);
         let bias = self.m.c_u32(1023);
         let e = self.op(Op::IAdd, i32t, &[k, bias]);
         let e = self.op(Op::SConvert, i64t, &[e]);
         let s = self.m.c_int(64, 52);
         let b = self.op(Op::ShiftLeftLogical, i64t, &[e, s]);
-        let f = self.fty(64);
         self.op(Op::Bitcast, f, &[b])
     }
 
@@ -535,12 +558,19 @@ impl Emitter<'_> {
         let t = self.fty(mb);
         let bt = self.m.t_bool();
         let ax = self.gl(t, gl::FABS, &[x]);
-        let core = if mb == 32 {
-            self.gl(t, gl::POW, &[ax, y])
+        let core = if mb == 32 && self.caps.float64 {
+            // f32 pow through the f64 routines: the error of `y log x` stays far below an f32 ulp.
+            let d = self.fty(64);
+            let ax64 = self.op(Op::FConvert, d, &[ax]);
+            let y64 = self.op(Op::FConvert, d, &[y]);
+            let l = self.log_(64, ax64);
+            let p = self.f2(Op::FMul, 64, y64, l);
+            let r = self.exp_(64, p);
+            self.op(Op::FConvert, t, &[r])
         } else {
-            let l = self.log_(64, ax);
-            let p = self.f2(Op::FMul, 64, y, l);
-            self.exp_(64, p)
+            let l = self.log_(mb, ax);
+            let p = self.f2(Op::FMul, mb, y, l);
+            self.exp_(mb, p)
         };
         let zero = self.c(mb, 0.0);
         let one = self.c(mb, 1.0);

@@ -12,8 +12,6 @@ pub(super) mod gl {
     pub const FABS: u32 = 4;
     pub const FLOOR: u32 = 8;
     pub const CEIL: u32 = 9;
-    pub const POW: u32 = 26;
-    pub const EXP: u32 = 27;
     pub const SQRT: u32 = 31;
     pub const FMIN: u32 = 37;
     pub const FMAX: u32 = 40;

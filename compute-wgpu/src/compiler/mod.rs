@@ -39,6 +39,8 @@ pub struct ShaderCapabilities {
     pub subgroups: bool,
     /// `atomic<f32>` add (`SHADER_FLOAT32_ATOMIC`).
     pub float32_atomics: bool,
+    /// `atomic<u64>` and `atomic<i64>` with every operation (`SHADER_INT64_ATOMIC_ALL_OPS`).
+    pub int64_atomics: bool,
 }
 
 impl ShaderCapabilities {
@@ -50,6 +52,7 @@ impl ShaderCapabilities {
             int64: features.contains(wgpu::Features::SHADER_INT64),
             subgroups: features.contains(wgpu::Features::SUBGROUP),
             float32_atomics: features.contains(wgpu::Features::SHADER_FLOAT32_ATOMIC),
+            int64_atomics: features.contains(wgpu::Features::SHADER_INT64_ATOMIC_ALL_OPS),
         }
     }
 

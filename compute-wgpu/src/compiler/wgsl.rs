@@ -223,13 +223,20 @@ impl<'a> Gen<'a> {
         match (item.elem, item.width) {
             (ElemType::U32 | ElemType::I32, 1) => Ok(format!("atomic<{}>", scalar_ty(item.elem))),
             (ElemType::F32, 1) if self.caps.float32_atomics => Ok("atomic<f32>".into()),
+            (ElemType::U64 | ElemType::I64, 1) if self.caps.int64_atomics => {
+                Ok(format!("atomic<{}>", scalar_ty(item.elem)))
+            }
             (ElemType::F32, 1) => Err(unsupported(
                 self.def,
                 "f32 atomics (the adapter lacks SHADER_FLOAT32_ATOMIC)",
             )),
+            (ElemType::U64 | ElemType::I64, 1) => Err(unsupported(
+                self.def,
+                format!("atomics on {item} (the adapter lacks SHADER_INT64_ATOMIC_ALL_OPS)"),
+            )),
             _ => Err(unsupported(
                 self.def,
-                format!("atomics on {item} (wgpu has 32-bit integer atomics)"),
+                format!("atomics on {item} (wgpu has 32- and 64-bit integer and f32 atomics)"),
             )),
         }
     }

@@ -338,6 +338,35 @@ fn integer_semantics_and_casts_match_the_ir() {
         let want: Vec<i32> = a.iter().zip(&b).map(|(&x, &y)| host(x, y)).collect();
         assert_eq!(got, want, "{}", op.name());
     }
+    // Float min/max ignore a NaN operand (as Rust's `f32::min`).
+    let xs: Vec<f32> = vec![f32::NAN, 1.0, -2.0, f32::NAN];
+    let ys: Vec<f32> = vec![3.0, f32::NAN, 5.0, f32::NAN];
+    for (op, host) in [
+        (BinaryOp::Min, f32::min as fn(f32, f32) -> f32),
+        (BinaryOp::Max, f32::max),
+    ] {
+        let h = run2(
+            &c,
+            ElemType::F32,
+            &format!("nan_{}", op.name()),
+            &xs,
+            &ys,
+            |k, x, y| k.binary(op, x, y),
+            ElemType::F32,
+        );
+        let got = download::<f32>(&c, &h);
+        for j in 0..xs.len() {
+            let w = host(xs[j], ys[j]);
+            assert!(
+                got[j] == w || (got[j].is_nan() && w.is_nan()),
+                "{}({}, {}) = {}, expected {w}",
+                op.name(),
+                xs[j],
+                ys[j],
+                got[j]
+            );
+        }
+    }
     // Saturating float -> int casts, NaN -> 0.
     let fs: Vec<f32> = vec![
         f32::NAN,

@@ -198,8 +198,9 @@ impl Emitter<'_> {
                         r
                     });
                 }
-                BinaryOp::Min => return Ok(self.gl(ty, gl::FMIN, &[a, b])),
-                BinaryOp::Max => return Ok(self.gl(ty, gl::FMAX, &[a, b])),
+                // NMin/NMax: a NaN operand yields the other one (C `fmin`, Rust `f32::min`).
+                BinaryOp::Min => return Ok(self.gl(ty, gl::NMIN, &[a, b])),
+                BinaryOp::Max => return Ok(self.gl(ty, gl::NMAX, &[a, b])),
                 BinaryOp::Pow => {
                     let x = self.widen_math(elem, a);
                     let y = self.widen_math(elem, b);

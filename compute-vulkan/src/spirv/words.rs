@@ -18,6 +18,8 @@ pub(super) mod gl {
     pub const FMA: u32 = 50;
     pub const FREXP_STRUCT: u32 = 52;
     pub const LDEXP: u32 = 53;
+    pub const NMIN: u32 = 79;
+    pub const NMAX: u32 = 80;
 }
 
 /// Encode a literal string operand (nul-terminated, padded to a word).

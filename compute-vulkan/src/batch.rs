@@ -16,6 +16,9 @@ use compute_core::ServerError;
 
 use crate::context::{Context, RawStaging};
 
+/// Submissions in flight before recycling asks the driver what completed (otherwise waits tell).
+const RECYCLE_QUERY_AFTER: usize = 16;
+
 /// Size of the chunks that launch info and small uploads are packed into.
 pub(crate) const CHUNK_BYTES: u64 = 1 << 20;
 
@@ -245,21 +248,82 @@ impl Drop for CommandPool {
     }
 }
 
+/// A command buffer with a pool of its own, so that it can be reset (`vkResetCommandPool`) on
+/// another thread than the one recording the others.
+#[derive(Clone, Copy)]
+struct Cmd {
+    pool: vk::CommandPool,
+    cb: vk::CommandBuffer,
+}
+
+/// What a completed submission hands to the recycler thread.
+struct Completed {
+    commands: Vec<Cmd>,
+    keep: Vec<Box<dyn Any + Send>>,
+}
+
 /// One submission in flight: what must live until its timeline value completes.
 struct InFlight {
     value: u64,
-    commands: Vec<vk::CommandBuffer>,
-    keep: Vec<Box<dyn Any + Send>>,
+    done: Completed,
+}
+
+/// Drops what completed submissions kept alive (blocks, staging buffers, graphs), off the thread
+/// that issues work. Command buffers are reset by the issuing thread itself, right before reuse:
+/// drivers that allocate per recorded command (lavapipe) then reuse that memory from the same
+/// thread's allocator caches.
+struct Recycler {
+    sender: Option<std::sync::mpsc::Sender<Vec<Box<dyn Any + Send>>>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Recycler {
+    fn spawn() -> Result<Self, ServerError> {
+        let (sender, receiver) = std::sync::mpsc::channel::<Vec<Box<dyn Any + Send>>>();
+        let thread = std::thread::Builder::new()
+            .name("compute-vulkan recycler".into())
+            .spawn(move || {
+                while let Ok(done) = receiver.recv() {
+                    drop(done);
+                }
+            })
+            .map_err(|e| ServerError::Driver(format!("cannot start the recycler thread: {e}")))?;
+        Ok(Self {
+            sender: Some(sender),
+            thread: Some(thread),
+        })
+    }
+
+    fn send(&self, keep: Vec<Box<dyn Any + Send>>) {
+        if keep.is_empty() {
+            return;
+        }
+        if let Some(sender) = &self.sender
+            && let Err(std::sync::mpsc::SendError(keep)) = sender.send(keep)
+        {
+            // The thread is gone: release here.
+            drop(keep);
+        }
+    }
+
+    fn stop(&mut self) {
+        self.sender.take();
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
 }
 
 /// The server's open batch and its submissions in flight.
 pub(crate) struct Recorder {
     ctx: Arc<Context>,
-    pool: CommandPool,
-    free: Vec<vk::CommandBuffer>,
-    current: Option<vk::CommandBuffer>,
+    family: u32,
+    recycler: Recycler,
+    /// Command buffers whose submission completed, reset when reused.
+    completed: Vec<Cmd>,
+    current: Option<Cmd>,
     segments: Vec<vk::CommandBuffer>,
-    owned: Vec<vk::CommandBuffer>,
+    owned: Vec<Cmd>,
     keep: Vec<Box<dyn Any + Send>>,
     in_flight: VecDeque<InFlight>,
     /// Launch info and small uploads of the open batch.
@@ -268,14 +332,37 @@ pub(crate) struct Recorder {
     pub(crate) needs_barrier: bool,
     /// Launches recorded in the open batch.
     pub(crate) dispatches: usize,
+    /// What the open command buffer has bound, so that repeated launches skip rebinding.
+    pub(crate) bound: Bound,
+}
+
+/// Compute state bound in the open command buffer.
+#[derive(Default)]
+pub(crate) struct Bound {
+    /// The pipeline.
+    pub(crate) pipeline: vk::Pipeline,
+    /// Descriptor set 0 (null when none or pushed).
+    pub(crate) set: vk::DescriptorSet,
+    /// The push-constant block last pushed (empty when none).
+    pub(crate) push: Vec<u8>,
+}
+
+impl Bound {
+    /// Forget everything (a new command buffer, or binds made without tracking).
+    pub(crate) fn forget(&mut self) {
+        self.pipeline = vk::Pipeline::null();
+        self.set = vk::DescriptorSet::null();
+        self.push.clear();
+    }
 }
 
 impl Recorder {
     pub(crate) fn new(ctx: &Arc<Context>, family: u32) -> Result<Self, ServerError> {
         Ok(Self {
             ctx: ctx.clone(),
-            pool: CommandPool::new(ctx, family)?,
-            free: Vec::new(),
+            family,
+            recycler: Recycler::spawn()?,
+            completed: Vec::new(),
             current: None,
             segments: Vec::new(),
             owned: Vec::new(),
@@ -284,6 +371,7 @@ impl Recorder {
             linear: Linear::default(),
             needs_barrier: true,
             dispatches: 0,
+            bound: Bound::default(),
         })
     }
 
@@ -292,20 +380,66 @@ impl Recorder {
         self.current.is_none() && self.segments.is_empty()
     }
 
-    /// The open command buffer, ready for one more command (barrier recorded when needed).
-    pub(crate) fn command(&mut self) -> Result<vk::CommandBuffer, ServerError> {
-        let cb = match self.current {
-            Some(cb) => cb,
+    fn open(&mut self) -> Result<vk::CommandBuffer, ServerError> {
+        if let Some(cmd) = self.current {
+            return Ok(cmd.cb);
+        }
+        let mut reused = None;
+        while let Some(cmd) = self.completed.pop() {
+            // SAFETY: the submission using `cmd` completed; its pool is only used here.
+            let reset = unsafe {
+                self.ctx
+                    .device
+                    .reset_command_pool(cmd.pool, vk::CommandPoolResetFlags::empty())
+            };
+            if reset.is_ok() {
+                reused = Some(cmd);
+                break;
+            }
+            // SAFETY: as above; a pool that cannot be reset is destroyed.
+            unsafe { self.ctx.device.destroy_command_pool(cmd.pool, None) };
+        }
+        let cmd = match reused {
+            Some(cmd) => cmd,
             None => {
-                let cb = self.pool.begin(
-                    self.free.pop(),
-                    vk::CommandBufferUsageFlags::ONE_TIME_SUBMIT,
-                )?;
-                self.owned.push(cb);
-                self.current = Some(cb);
-                cb
+                let device = &self.ctx.device;
+                let info = vk::CommandPoolCreateInfo::default()
+                    .flags(vk::CommandPoolCreateFlags::TRANSIENT)
+                    .queue_family_index(self.family);
+                // SAFETY: a valid create info.
+                let pool = unsafe { device.create_command_pool(&info, None) }
+                    .map_err(|e| ServerError::Driver(format!("vkCreateCommandPool failed: {e}")))?;
+                let alloc = vk::CommandBufferAllocateInfo::default()
+                    .command_pool(pool)
+                    .level(vk::CommandBufferLevel::PRIMARY)
+                    .command_buffer_count(1);
+                // SAFETY: the pool is fresh and owned here.
+                match unsafe { device.allocate_command_buffers(&alloc) } {
+                    Ok(cbs) => Cmd { pool, cb: cbs[0] },
+                    Err(e) => {
+                        // SAFETY: unused.
+                        unsafe { device.destroy_command_pool(pool, None) };
+                        return Err(ServerError::Driver(format!(
+                            "vkAllocateCommandBuffers failed: {e}"
+                        )));
+                    }
+                }
             }
         };
+        let begin = vk::CommandBufferBeginInfo::default()
+            .flags(vk::CommandBufferUsageFlags::ONE_TIME_SUBMIT);
+        // SAFETY: the buffer is fresh or its pool was reset after its submission completed.
+        unsafe { self.ctx.device.begin_command_buffer(cmd.cb, &begin) }
+            .map_err(|e| ServerError::Driver(format!("vkBeginCommandBuffer failed: {e}")))?;
+        self.owned.push(cmd);
+        self.current = Some(cmd);
+        self.bound.forget();
+        Ok(cmd.cb)
+    }
+
+    /// The open command buffer, ready for one more command (barrier recorded when needed).
+    pub(crate) fn command(&mut self) -> Result<vk::CommandBuffer, ServerError> {
+        let cb = self.open()?;
         if self.needs_barrier {
             barrier(&self.ctx.device, cb);
         }
@@ -319,11 +453,11 @@ impl Recorder {
     }
 
     fn close_current(&mut self) -> Result<(), ServerError> {
-        if let Some(cb) = self.current.take() {
-            // SAFETY: `cb` is recording.
-            unsafe { self.ctx.device.end_command_buffer(cb) }
+        if let Some(cmd) = self.current.take() {
+            // SAFETY: `cmd.cb` is recording.
+            unsafe { self.ctx.device.end_command_buffer(cmd.cb) }
                 .map_err(|e| ServerError::Driver(format!("vkEndCommandBuffer failed: {e}")))?;
-            self.segments.push(cb);
+            self.segments.push(cmd.cb);
         }
         Ok(())
     }
@@ -342,18 +476,7 @@ impl Recorder {
             return Ok(None);
         }
         // The host reads results after the timeline wait: make the batch's writes visible.
-        let cb = match self.current {
-            Some(cb) => cb,
-            None => {
-                let cb = self.pool.begin(
-                    self.free.pop(),
-                    vk::CommandBufferUsageFlags::ONE_TIME_SUBMIT,
-                )?;
-                self.owned.push(cb);
-                self.current = Some(cb);
-                cb
-            }
-        };
+        let cb = self.open()?;
         host_barrier(&self.ctx.device, cb);
         self.close_current()?;
         let segments = core::mem::take(&mut self.segments);
@@ -367,19 +490,19 @@ impl Recorder {
         let commands = core::mem::take(&mut self.owned);
         self.needs_barrier = true;
         self.dispatches = 0;
+        let done = Completed { commands, keep };
+        // Before submitting: right after, the driver may be busy starting this batch (lavapipe
+        // holds its queue lock then, and the counter query would wait for it).
+        self.recycle();
         match self.ctx.submit(&segments) {
             Ok(value) => {
-                self.in_flight.push_back(InFlight {
-                    value,
-                    commands,
-                    keep,
-                });
-                self.recycle();
+                self.in_flight.push_back(InFlight { value, done });
                 Ok(Some(value))
             }
             Err(e) => {
-                // Nothing of the batch runs: its command buffers can be reused at once.
-                self.reuse(commands);
+                // Nothing of the batch runs: release it at once.
+                self.completed.extend(done.commands);
+                self.recycler.send(done.keep);
                 Err(e)
             }
         }
@@ -393,30 +516,23 @@ impl Recorder {
         }
     }
 
-    fn reuse(&mut self, commands: Vec<vk::CommandBuffer>) {
-        for cb in commands {
-            // SAFETY: `cb` is not pending (its submission completed or never happened).
-            if unsafe {
-                self.ctx
-                    .device
-                    .reset_command_buffer(cb, vk::CommandBufferResetFlags::empty())
-            }
-            .is_ok()
-            {
-                self.free.push(cb);
-            }
-        }
-    }
-
-    /// Release what completed submissions kept alive.
+    /// Hand what completed submissions kept alive to the recycler.
     pub(crate) fn recycle(&mut self) {
-        let Ok(done) = self.ctx.completed() else {
+        let Some(front) = self.in_flight.front() else {
             return;
         };
+        let mut done = self.ctx.known_completed();
+        if front.value > done && self.in_flight.len() > RECYCLE_QUERY_AFTER {
+            // Nobody waited lately: ask the driver, so that the list stays short.
+            done = self.ctx.completed().unwrap_or(done);
+        }
+        if front.value > done {
+            return;
+        }
         while self.in_flight.front().is_some_and(|f| f.value <= done) {
             if let Some(f) = self.in_flight.pop_front() {
-                self.reuse(f.commands);
-                drop(f.keep);
+                self.completed.extend(f.done.commands);
+                self.recycler.send(f.done.keep);
             }
         }
     }
@@ -427,10 +543,10 @@ impl Recorder {
         if !self.is_empty() {
             self.keep(value);
         } else if let Some(last) = self.in_flight.back_mut() {
-            last.keep.push(Box::new(value));
+            last.done.keep.push(Box::new(value));
         } else {
-            // Nothing in flight on this server; other submitters (collectives) are waited for
-            // by the caller.
+            // Nothing of this server is in flight; other submitters (collectives) are waited
+            // for by the caller.
             drop(value);
         }
     }
@@ -441,8 +557,18 @@ impl Drop for Recorder {
         let _ = self.submit();
         // SAFETY: waiting for the device before releasing what its work may still use.
         let _ = unsafe { self.ctx.device.device_wait_idle() };
-        self.in_flight.clear();
+        let mut pools: Vec<Cmd> = self.owned.drain(..).collect();
+        for f in self.in_flight.drain(..) {
+            pools.extend(f.done.commands);
+            drop(f.done.keep);
+        }
         self.keep.clear();
         let _ = self.linear.take();
+        self.recycler.stop();
+        pools.append(&mut self.completed);
+        for cmd in pools {
+            // SAFETY: the device is idle and the recycler has stopped.
+            unsafe { self.ctx.device.destroy_command_pool(cmd.pool, None) };
+        }
     }
 }

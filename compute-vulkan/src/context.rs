@@ -74,6 +74,8 @@ pub(crate) struct Context {
     pub(crate) subgroup_size: (u32, u32),
     pub(crate) memory_total: u64,
     staging_pool: Mutex<Vec<RawStaging>>,
+    /// The highest timeline value a wait of this process saw completed.
+    known_completed: std::sync::atomic::AtomicU64,
 }
 
 fn has_extension(list: &[vk::ExtensionProperties], name: &CStr) -> bool {
@@ -380,6 +382,7 @@ impl Context {
             subgroup_size,
             memory_total,
             staging_pool: Mutex::new(Vec::new()),
+            known_completed: std::sync::atomic::AtomicU64::new(0),
         })
     }
 
@@ -444,7 +447,18 @@ impl Context {
             .semaphores(&semaphores)
             .values(&values);
         // SAFETY: waiting on our timeline semaphore from any thread is allowed.
-        unsafe { self.device.wait_semaphores(&info, u64::MAX) }.map_err(vk_err("vkWaitSemaphores"))
+        unsafe { self.device.wait_semaphores(&info, u64::MAX) }
+            .map_err(vk_err("vkWaitSemaphores"))?;
+        self.known_completed
+            .fetch_max(value, std::sync::atomic::Ordering::AcqRel);
+        Ok(())
+    }
+
+    /// The highest value a wait saw completed: free to ask, unlike the driver (lavapipe's counter
+    /// query waits for its queue thread).
+    pub(crate) fn known_completed(&self) -> u64 {
+        self.known_completed
+            .load(std::sync::atomic::Ordering::Acquire)
     }
 
     /// Allocate a buffer of `size` bytes with its own memory of type `memory_type`, mapped when

@@ -679,6 +679,7 @@ impl VulkanServer {
                     .get(pipeline.id, pipeline.set_layout_handle, &ranges);
             self.ranges = ranges;
             let (set, pool) = found?;
+            let tracked = graph_keep.is_none();
             if let Some(keep) = graph_keep {
                 // A graph outlives cache clears: it keeps the pool of its sets.
                 keep.push(Box::new(pool.clone()));
@@ -688,11 +689,19 @@ impl VulkanServer {
             let mut push_stack = [0u8; 256];
             let mut push_heap = Vec::new();
             let push_block = push_block(push, push_bytes, &mut push_stack, &mut push_heap);
+            // Graph captures record into their own command buffer: no state tracking there.
+            let bound = &mut self.recorder.bound;
+            let same_pipeline = tracked && bound.pipeline == pipeline.pipeline;
+            let same_set = same_pipeline && bound.set == set;
+            let same_push = same_pipeline && bound.push.as_slice() == push_block;
             // SAFETY: `cb` is recording; the pipeline, the set (its pool is kept until the work
             // completes) and every bound buffer are alive until the command buffer completes.
+            // Skipped binds are already bound in `cb` (same pipeline, hence same layout).
             unsafe {
-                device.cmd_bind_pipeline(cb, vk::PipelineBindPoint::COMPUTE, pipeline.pipeline);
-                if !descriptors.is_empty() {
+                if !same_pipeline {
+                    device.cmd_bind_pipeline(cb, vk::PipelineBindPoint::COMPUTE, pipeline.pipeline);
+                }
+                if !descriptors.is_empty() && !same_set {
                     device.cmd_bind_descriptor_sets(
                         cb,
                         vk::PipelineBindPoint::COMPUTE,
@@ -702,7 +711,7 @@ impl VulkanServer {
                         &[],
                     );
                 }
-                if !push_block.is_empty() {
+                if !push_block.is_empty() && !same_push {
                     device.cmd_push_constants(
                         cb,
                         pipeline.layout,
@@ -713,11 +722,22 @@ impl VulkanServer {
                 }
                 dispatch(device, cb, count);
             }
+            if tracked {
+                bound.pipeline = pipeline.pipeline;
+                bound.set = set;
+                if !same_push {
+                    bound.push.clear();
+                    bound.push.extend_from_slice(push_block);
+                }
+            }
             return Ok(());
         }
         let Some(push_descriptor) = ctx.push_descriptor.as_ref() else {
             unreachable!("push descriptor pipelines are only built where the extension exists")
         };
+        if graph_keep.is_none() {
+            self.recorder.bound.forget();
+        }
         let info_descriptor = match info {
             Some(words) => {
                 let (buffer, offset) = linear.push(&ctx, words_as_bytes(words), self.bind_align)?;

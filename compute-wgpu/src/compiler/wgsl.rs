@@ -13,6 +13,9 @@ use super::{CompiledKernel, HEADER_WORDS, InfoLayout, ShaderCapabilities};
 
 type Result<T> = core::result::Result<T, ServerError>;
 
+/// The f64 math library (exp, log, sin, ...), emitted into kernels that use one of them.
+const F64_MATH: &str = include_str!("f64_math.wgsl");
+
 /// Compile `kernel` to WGSL for a device with `caps`; `checked` adds the bounds checks of
 /// `launch` to global memory accesses.
 ///
@@ -732,6 +735,34 @@ impl<'a> Gen<'a> {
             let inner = self.unary_of(op, &format!("{}({x})", item_ty(wide)), wide, depth);
             return format!("{}({inner})", item_ty(item));
         }
+        if item.elem == ElemType::F64 && self.caps.int64 {
+            let f = match op {
+                UnaryOp::Exp => Some("_f64_exp"),
+                UnaryOp::Log => Some("_f64_log"),
+                UnaryOp::Log1p => Some("_f64_log1p"),
+                UnaryOp::Tanh => Some("_f64_tanh"),
+                UnaryOp::Erf => Some("_f64_erf"),
+                UnaryOp::Sin | UnaryOp::Cos => Some("_f64_sincos"),
+                _ => None,
+            };
+            if let Some(f) = f {
+                // Per component: the library is scalar.
+                self.use_f64_math();
+                let extra = match op {
+                    UnaryOp::Sin => ", 0u",
+                    UnaryOp::Cos => ", 1u",
+                    _ => "",
+                };
+                let comps: Vec<String> = (0..item.width as usize)
+                    .map(|j| format!("{f}({}{extra})", component(x, item.width, j)))
+                    .collect();
+                return if item.width == 1 {
+                    comps.join("")
+                } else {
+                    format!("{}({})", item_ty(item), comps.join(", "))
+                };
+            }
+        }
         if item.elem == ElemType::F64 && op == UnaryOp::Round {
             // Half to even: some drivers (lavapipe) round f64 halves away from zero. On |x|:
             // `d = a - floor(a)` is exact; a half goes to the even neighbour; the sign is put back.
@@ -1195,8 +1226,33 @@ impl<'a> Gen<'a> {
         }
     }
 
+    /// Emit the f64 math library into this kernel (once).
+    fn use_f64_math(&mut self) {
+        if !self.helpers.iter().any(|(n, _)| n == "_f64_math") {
+            self.helpers
+                .push(("_f64_math".into(), F64_MATH.to_string()));
+        }
+    }
+
     /// `op` applied to `x` and `y`, values of `item`.
-    fn binary(&self, op: BinaryOp, x: &str, y: &str, item: Item) -> String {
+    fn binary(&mut self, op: BinaryOp, x: &str, y: &str, item: Item) -> String {
+        if op == BinaryOp::Pow && item.elem == ElemType::F64 && self.caps.int64 {
+            self.use_f64_math();
+            let comps: Vec<String> = (0..item.width as usize)
+                .map(|j| {
+                    format!(
+                        "_f64_pow({}, {})",
+                        component(x, item.width, j),
+                        component(y, item.width, j)
+                    )
+                })
+                .collect();
+            return if item.width == 1 {
+                comps.join("")
+            } else {
+                format!("{}({})", item_ty(item), comps.join(", "))
+            };
+        }
         let infix = |sym: &str| format!("({x} {sym} {y})");
         match op {
             BinaryOp::Add => infix("+"),

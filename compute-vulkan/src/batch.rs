@@ -447,6 +447,11 @@ impl Recorder {
         Ok(cb)
     }
 
+    /// Drop `value` on the recycler thread (large host buffers: their release takes a while).
+    pub(crate) fn release_soon(&self, value: impl Any + Send) {
+        self.recycler.send(vec![Box::new(value)]);
+    }
+
     /// Keep `value` alive until the open batch has completed.
     pub(crate) fn keep(&mut self, value: impl Any + Send) {
         self.keep.push(Box::new(value));
@@ -532,7 +537,16 @@ impl Recorder {
         while self.in_flight.front().is_some_and(|f| f.value <= done) {
             if let Some(f) = self.in_flight.pop_front() {
                 self.completed.extend(f.done.commands);
-                self.recycler.send(f.done.keep);
+                // Staging buffers go back to the pool here and now (cheap, and the next
+                // transfer wants them); the rest is released on the recycler thread.
+                let mut rest = Vec::with_capacity(f.done.keep.len());
+                for item in f.done.keep {
+                    match item.downcast::<Staging>() {
+                        Ok(staging) => drop(staging),
+                        Err(other) => rest.push(other),
+                    }
+                }
+                self.recycler.send(rest);
             }
         }
     }

@@ -27,8 +27,9 @@ pub(crate) const STAGING_USAGE: vk::BufferUsageFlags = vk::BufferUsageFlags::fro
         | vk::BufferUsageFlags::TRANSFER_DST.as_raw(),
 );
 
-/// Staging buffers kept for reuse, at most this many bytes in all.
-const STAGING_POOL_BYTES: u64 = 256 << 20;
+/// Staging buffers kept for reuse, at most this many bytes in all (enough for repeated 1 GiB
+/// transfers; `memory_cleanup` on an idle device releases them).
+const STAGING_POOL_BYTES: u64 = 2 << 30;
 
 fn vk_err(what: &str) -> impl Fn(vk::Result) -> ServerError + '_ {
     move |e| ServerError::Driver(format!("{what} failed: {e}"))

@@ -51,6 +51,9 @@ const MAX_BATCH_GPU: usize = 128;
 /// The same on a CPU device (lavapipe), where a submission competes with the host for cores.
 const MAX_BATCH_CPU: usize = 2048;
 
+/// Written host buffers at least this large are freed on the recycler thread.
+const RELEASE_OFF_THREAD_BYTES: usize = 4 << 20;
+
 /// Backend information of a Vulkan server.
 #[derive(Debug, Clone)]
 pub struct VulkanInfo {
@@ -895,6 +898,8 @@ impl ComputeServer for VulkanServer {
         stream: StreamId,
     ) -> Result<(), ServerError> {
         self.ensure_not_capturing(stream, "write")?;
+        // Completed work hands its staging buffers back before this write asks for one.
+        self.recorder.recycle();
         for (descriptor, bytes) in writes {
             descriptor.validate()?;
             if bytes.len() != descriptor.compact_size() {
@@ -941,6 +946,11 @@ impl ComputeServer for VulkanServer {
                     .cmd_copy_buffer(cb, src, target.buffer, &regions)
             };
             self.recorder.dispatches += 1;
+            if bytes.len() >= RELEASE_OFF_THREAD_BYTES {
+                // The data is in staging now; freeing a large host buffer (unmapping its pages)
+                // is not the caller's wait.
+                self.recorder.release_soon(bytes);
+            }
             self.after_command()?;
         }
         Ok(())
@@ -959,6 +969,7 @@ impl ComputeServer for VulkanServer {
                 descriptor.validate()?;
                 sources.push(self.resolve(&descriptor.binding)?);
             }
+            self.recorder.recycle();
             let mut parts = Vec::with_capacity(descriptors.len());
             for (descriptor, source) in descriptors.into_iter().zip(sources) {
                 let span =

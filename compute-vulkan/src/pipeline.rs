@@ -170,7 +170,13 @@ pub(crate) struct PipelineCache {
     ctx: Arc<Context>,
     pub(crate) cache: vk::PipelineCache,
     path: Option<PathBuf>,
+    /// Pipelines were created since the last save.
+    dirty: bool,
+    last_save: Option<std::time::Instant>,
 }
+
+/// Least time between two saves of the cache file.
+const SAVE_INTERVAL: std::time::Duration = std::time::Duration::from_secs(2);
 
 fn cache_dir() -> Option<PathBuf> {
     if let Ok(dir) = std::env::var(CACHE_DIR_ENV) {
@@ -229,7 +235,26 @@ impl PipelineCache {
             ctx: ctx.clone(),
             cache,
             path,
+            dirty: false,
+            last_save: None,
         })
+    }
+
+    /// Note that a pipeline was created through the cache.
+    pub(crate) fn created(&mut self) {
+        self.dirty = true;
+    }
+
+    /// Save when pipelines were created since the last save and the last save is not recent
+    /// (servers live in a process-wide registry and are rarely dropped, so saving only on drop
+    /// would lose the cache).
+    pub(crate) fn maybe_save(&mut self) {
+        if !self.dirty || self.last_save.is_some_and(|t| t.elapsed() < SAVE_INTERVAL) {
+            return;
+        }
+        self.save();
+        self.dirty = false;
+        self.last_save = Some(std::time::Instant::now());
     }
 
     /// Write the cache to disk (atomically: a temporary file renamed over the old one).

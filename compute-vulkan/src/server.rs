@@ -523,6 +523,7 @@ impl VulkanServer {
             compiled,
             push,
         )?);
+        self.cache.created();
         self.pipelines
             .insert((kernel.id, checked), pipeline.clone());
         Ok(pipeline)
@@ -988,6 +989,7 @@ impl ComputeServer for VulkanServer {
                 parts.push(Some((staging, descriptor)));
             }
             let value = self.submit_or_last()?;
+            self.cache.maybe_save();
             Ok::<_, ServerError>(PendingRead {
                 ctx: self.ctx.clone(),
                 value,
@@ -1184,6 +1186,7 @@ impl ComputeServer for VulkanServer {
 
     fn flush(&mut self, _stream: StreamId) -> Result<(), ServerError> {
         self.submit()?;
+        self.cache.maybe_save();
         self.take_error()
     }
 
@@ -1195,6 +1198,7 @@ impl ComputeServer for VulkanServer {
             Ok(v) => v,
             Err(e) => return ready(Err(e)),
         };
+        self.cache.maybe_save();
         let ctx = self.ctx.clone();
         let errors = self.errors.clone();
         Box::pin(async move {

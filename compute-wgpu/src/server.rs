@@ -590,10 +590,19 @@ impl WgpuServer {
         item: u64,
         name: &str,
     ) -> Result<(BoundBuffer, u32, u32), ServerError> {
+        // Both are powers of two (WebGPU's offset alignment, items of 1-8 byte elements times
+        // 1-16 components): masks and shifts, no division on the launch path.
         let align = u64::from(self.info.limits.min_storage_buffer_offset_alignment).max(4);
-        let bind_offset = resource.offset / align * align;
+        let bind_offset = resource.offset & !(align - 1);
         let delta = resource.offset - bind_offset;
-        if !delta.is_multiple_of(item) {
+        let per_item = |bytes: u64| {
+            if item.is_power_of_two() {
+                bytes >> item.trailing_zeros()
+            } else {
+                bytes / item
+            }
+        };
+        if per_item(delta) * item != delta {
             return Err(ServerError::InvalidArgument(format!(
                 "buffer argument of kernel `{name}` starts at byte {} of its block, not a multiple of its item size {item}",
                 resource.offset
@@ -616,8 +625,8 @@ impl WgpuServer {
                 offset: bind_offset,
                 size,
             },
-            saturate(delta / item),
-            saturate(resource.size / item),
+            saturate(per_item(delta)),
+            saturate(per_item(resource.size)),
         ))
     }
 

@@ -428,10 +428,12 @@ impl Encoder {
         let mut pass: Option<wgpu::ComputePass<'static>> = None;
         // What the open pass has bound: pipeline id, and bind group with its info offset.
         let mut bound_pipeline = None;
-        let mut bound_group: Option<(wgpu::BindGroup, u32)> = None;
-        // The group of the launch before (pipeline id, buffers, info size): a launch binding
-        // what it bound shares its group without a cache lookup.
+        // The group of the launch before (pipeline id, buffers, info size) and its number: a
+        // launch binding what it bound shares its group without a cache lookup, and without
+        // setting it again when its info offset is also the same.
         let mut last: Option<(u64, &[BoundBuffer], u64, wgpu::BindGroup)> = None;
+        let mut group_number = 0u64;
+        let mut bound_group: Option<(u64, u32)> = None;
         let mut k = 0;
         let mut slot = 0u64;
         for command in &batch.commands {
@@ -439,18 +441,14 @@ impl Encoder {
                 Command::Dispatch(d) => {
                     let buffers = batch.bound(d);
                     let size = info_size(d.words.1 as usize);
-                    let group = match &last {
-                        Some((id, b, s, group))
-                            if *id == d.pipeline.id && *s == size && *b == buffers =>
-                        {
-                            group.clone()
-                        }
-                        _ => {
-                            let group = self.group(device, &d.pipeline, buffers, size);
-                            last = Some((d.pipeline.id, buffers, size, group.clone()));
-                            group
-                        }
-                    };
+                    let same = last.as_ref().is_some_and(|(id, b, s, _)| {
+                        *id == d.pipeline.id && *s == size && *b == buffers
+                    });
+                    if !same {
+                        let group = self.group(device, &d.pipeline, buffers, size);
+                        last = Some((d.pipeline.id, buffers, size, group));
+                        group_number += 1;
+                    }
                     if let DispatchCount::Dynamic { buffer, offset } = &d.count
                         && let Some(indirect) = &indirect
                     {
@@ -480,12 +478,11 @@ impl Encoder {
                         bound_pipeline = Some(d.pipeline.id);
                     }
                     let offset = self.offsets[k];
-                    let same_group = bound_group
-                        .as_ref()
-                        .is_some_and(|(g, o)| *o == offset && *g == group);
-                    if !same_group {
-                        p.set_bind_group(0, &group, &[offset]);
-                        bound_group = Some((group, offset));
+                    if bound_group != Some((group_number, offset))
+                        && let Some((_, _, _, group)) = &last
+                    {
+                        p.set_bind_group(0, group, &[offset]);
+                        bound_group = Some((group_number, offset));
                     }
                     match (&d.count, &indirect) {
                         (DispatchCount::Static([x, y, z]), _) => p.dispatch_workgroups(*x, *y, *z),

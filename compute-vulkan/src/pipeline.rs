@@ -284,3 +284,49 @@ impl Drop for PipelineCache {
         unsafe { self.ctx.device.destroy_pipeline_cache(self.cache, None) };
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn props() -> vk::PhysicalDeviceProperties {
+        let mut p = vk::PhysicalDeviceProperties {
+            vendor_id: 0x10de,
+            device_id: 0x2335,
+            ..Default::default()
+        };
+        p.pipeline_cache_uuid = [7; 16];
+        p
+    }
+
+    fn header(p: &vk::PhysicalDeviceProperties) -> Vec<u8> {
+        let mut h = Vec::new();
+        h.extend(32u32.to_le_bytes());
+        h.extend((vk::PipelineCacheHeaderVersion::ONE.as_raw() as u32).to_le_bytes());
+        h.extend(p.vendor_id.to_le_bytes());
+        h.extend(p.device_id.to_le_bytes());
+        h.extend(p.pipeline_cache_uuid);
+        h
+    }
+
+    #[test]
+    fn cache_header_of_this_device_is_accepted() {
+        let p = props();
+        let mut data = header(&p);
+        data.extend([1, 2, 3]);
+        assert!(header_matches(&data, &p));
+    }
+
+    #[test]
+    fn foreign_or_corrupt_cache_is_ignored() {
+        let p = props();
+        assert!(!header_matches(b"garbage", &p));
+        assert!(!header_matches(&[], &p));
+        let mut other = header(&p);
+        other[16] ^= 1;
+        assert!(!header_matches(&other, &p), "another driver build's UUID");
+        let mut vendor = header(&p);
+        vendor[8] ^= 1;
+        assert!(!header_matches(&vendor, &p));
+    }
+}

@@ -382,6 +382,24 @@ impl VulkanServer {
         })
     }
 
+    /// An allocation larger than one block can be is an error naming the Vulkan limits.
+    fn check_size(&self, size: u64) -> Result<(), ServerError> {
+        if size <= self.max_block {
+            return Ok(());
+        }
+        let limits = self.ctx.limits();
+        Err(ServerError::OutOfMemory {
+            requested: size,
+            reason: format!(
+                "larger than the largest buffer a Vulkan kernel can bind on this device ({} bytes: the least of maxStorageBufferRange = {}, maxBufferSize = {}, maxMemoryAllocationSize = {})",
+                self.max_block,
+                limits.max_storage_buffer_range,
+                self.ctx.max_buffer_size,
+                self.ctx.max_memory_allocation_size
+            ),
+        })
+    }
+
     /// The `ash::Device` behind this server, for interop.
     pub fn raw_device(&self) -> &ash::Device {
         &self.ctx.device
@@ -879,6 +897,7 @@ impl ComputeServer for VulkanServer {
     ) -> Result<Vec<MemoryLayout>, ServerError> {
         let packed = pack_tensors(descriptors, self.slice_align, None)?;
         let total = packed.total();
+        self.check_size(total)?;
         let owner = self.owner;
         let state = self.stream(stream)?;
         let slice = state.memory.reserve_for(total, state.capture.is_some())?;
@@ -887,6 +906,7 @@ impl ComputeServer for VulkanServer {
     }
 
     fn create_buffer(&mut self, size: u64, stream: StreamId) -> Result<Handle, ServerError> {
+        self.check_size(size)?;
         let owner = self.owner;
         let state = self.stream(stream)?;
         let slice = state.memory.reserve_for(size, state.capture.is_some())?;

@@ -1,0 +1,101 @@
+//! Vulkan-specific checks beyond the conformance suite: limits named in errors, the device's
+//! configuration, device-time profiles. Each test returns early (with a note) where Vulkan is
+//! unavailable; `cargo xtask test-all` reports the backend as skipped there.
+
+use compute_core::kernel::KernelBuilder;
+use compute_core::{
+    Bytes, ComputeClient, CubeCount, ElemType, KernelArguments, Runtime, ServerError, TimingMethod,
+};
+use compute_vulkan::{VulkanDevice, VulkanKernel, VulkanRuntime};
+
+fn client() -> Option<ComputeClient<VulkanRuntime>> {
+    match VulkanRuntime::availability() {
+        Ok(()) => Some(ComputeClient::load(&VulkanDevice::default())),
+        Err(reason) => {
+            eprintln!("vulkan unavailable, test not run: {reason}");
+            None
+        }
+    }
+}
+
+#[test]
+fn too_large_allocation_names_the_vulkan_limit() {
+    let Some(client) = client() else { return };
+    let max = client.properties().memory.max_page_size;
+    let err = client.try_empty(max as usize + 1).unwrap_err();
+    let ServerError::OutOfMemory { requested, reason } = err else {
+        panic!("expected OutOfMemory, got {err:?}");
+    };
+    assert_eq!(requested, max + 1);
+    assert!(reason.contains("maxStorageBufferRange"), "{reason}");
+    assert!(reason.contains("maxMemoryAllocationSize"), "{reason}");
+    // The largest block itself works.
+    let ok = client.try_empty(max as usize);
+    assert!(ok.is_ok(), "{ok:?}");
+}
+
+#[test]
+fn info_describes_the_device() {
+    let Some(client) = client() else { return };
+    let info = client.info();
+    assert!(!info.name.is_empty());
+    assert!(info.caps.version >= (1, 5), "{:?}", info.caps);
+    assert_eq!(
+        client.properties().features.elem_types,
+        compute_vulkan::elem_types(&info.caps)
+    );
+    assert_eq!(
+        client.device_count_total(),
+        compute_vulkan::device_count() as usize
+    );
+}
+
+#[test]
+fn profile_reports_device_time_where_timestamps_exist() {
+    let Some(client) = client() else { return };
+    let mut k = KernelBuilder::new("vk_fill", [64, 1, 1]);
+    let out = k.output("out", ElemType::F32, 1);
+    let i = k.absolute_pos();
+    k.store(out, i, 2.0f32);
+    let kernel: VulkanKernel = k.build().expect("kernel").into();
+    let n = 1 << 16;
+    let out = client.empty(n * 4);
+    let args = KernelArguments::new().buffer(out.clone().binding());
+    let (_, duration) = client
+        .profile(
+            || {
+                for _ in 0..4 {
+                    client.launch(kernel.clone(), CubeCount::cover(n, 64), args.clone());
+                }
+            },
+            "vk_fill",
+        )
+        .expect("profile");
+    let expected = if client.properties().features.device_timestamps {
+        TimingMethod::Device
+    } else {
+        TimingMethod::Host
+    };
+    assert_eq!(duration.timing, expected);
+    assert!(duration.duration.as_nanos() > 0);
+    let values = client.read_one(out).unwrap().to_elems::<f32>();
+    assert!(values.iter().all(|&v| v == 2.0));
+}
+
+#[test]
+fn many_small_writes_and_reads_round_trip() {
+    let Some(client) = client() else { return };
+    // Exercises the staging chunks (many writes per batch) and batch flushing.
+    let handles: Vec<_> = (0..3000u32)
+        .map(|i| client.create(Bytes::from_elems(vec![i, i + 1, i + 2])))
+        .collect();
+    let bytes = client.read(handles);
+    for (i, b) in bytes.iter().enumerate() {
+        let i = i as u32;
+        assert_eq!(b.to_elems::<u32>(), vec![i, i + 1, i + 2]);
+    }
+    client.flush().unwrap();
+    if compute_vulkan::validation_enabled() {
+        assert_eq!(compute_vulkan::validation_message_count(), 0);
+    }
+}

@@ -46,8 +46,11 @@ use crate::storage::{Block, Retired, VulkanResource, VulkanStorage};
 pub(crate) type ErrorQueue = Arc<spin::Mutex<VecDeque<ServerError>>>;
 
 /// Launches per batch on a GPU before it is submitted on its own (keeps the device busy while
-/// the host records more).
-const MAX_BATCH_GPU: usize = 128;
+/// the host records more). While the host keeps filling batches without waiting, the limit
+/// doubles up to [`MAX_BATCH_GROWN`] (fewer submissions); a wait brings it back.
+const MAX_BATCH_GPU: usize = 64;
+/// The most a GPU batch grows to.
+const MAX_BATCH_GROWN: usize = 2048;
 /// The same on a CPU device (lavapipe), where a submission competes with the host for cores.
 const MAX_BATCH_CPU: usize = 2048;
 
@@ -164,6 +167,9 @@ pub struct VulkanServer {
     pipelines: HashMap<(KernelId, bool), Arc<Pipeline>>,
     cache: PipelineCache,
     max_batch: usize,
+    batch_limit: usize,
+    /// False when `COMPUTE_VULKAN_MAX_BATCH` fixes the limit.
+    batch_grows: bool,
     graphs: HashMap<GraphId, VulkanGraph>,
     profiles: HashMap<u64, Profile>,
     next_profile: u64,
@@ -367,6 +373,8 @@ impl VulkanServer {
             pipelines: HashMap::new(),
             cache,
             max_batch,
+            batch_limit: max_batch,
+            batch_grows: std::env::var_os("COMPUTE_VULKAN_MAX_BATCH").is_none(),
             graphs: HashMap::new(),
             profiles: HashMap::new(),
             next_profile: 1,
@@ -502,10 +510,18 @@ impl VulkanServer {
     }
 
     fn after_command(&mut self) -> Result<(), ServerError> {
-        if self.recorder.dispatches >= self.max_batch {
+        if self.recorder.dispatches >= self.batch_limit {
             self.submit()?;
+            if self.batch_grows {
+                self.batch_limit = (self.batch_limit * 2).min(self.max_batch.max(MAX_BATCH_GROWN));
+            }
         }
         Ok(())
+    }
+
+    /// A wait is coming: the host is not racing ahead, batches start small again.
+    fn reset_batch_limit(&mut self) {
+        self.batch_limit = self.max_batch;
     }
 
     fn pipeline(
@@ -1009,6 +1025,7 @@ impl ComputeServer for VulkanServer {
                 parts.push(Some((staging, descriptor)));
             }
             let value = self.submit_or_last()?;
+            self.reset_batch_limit();
             self.cache.maybe_save();
             Ok::<_, ServerError>(PendingRead {
                 ctx: self.ctx.clone(),
@@ -1218,6 +1235,7 @@ impl ComputeServer for VulkanServer {
             Ok(v) => v,
             Err(e) => return ready(Err(e)),
         };
+        self.reset_batch_limit();
         self.cache.maybe_save();
         let ctx = self.ctx.clone();
         let errors = self.errors.clone();

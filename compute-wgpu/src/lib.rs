@@ -3,10 +3,12 @@
 //! The wgpu backend of the compute runtime. Every adapter wgpu finds (filtered by `WGPU_BACKEND`)
 //! backs logical devices, each requested with the adapter's real limits and features. Memory is
 //! compute-core's pools over `wgpu::Buffer` blocks; kernels in the portable IR are compiled to
-//! WGSL (one pipeline per kernel and bounds-check mode, cached by kernel id); launches, copies and
-//! timestamps are batched into few submissions on the device's queue, with bind groups cached per
-//! (pipeline, bound ranges) and the launch info in one persistent buffer (dynamic offsets); reads
-//! go through staging buffers and `map_async`. `sync` and reads wait on the awaiting thread, which
+//! WGSL (one pipeline per kernel and bounds-check mode, cached by kernel id; types and vector
+//! widths WGSL lacks are emulated, see [`compiler`]); launches, copies and timestamps are recorded
+//! into per-batch arenas (no allocation per launch) and batched into few submissions on the
+//! device's queue (on a GPU the batch starts small after each wait and doubles while the host
+//! keeps filling it), with bind groups cached per (pipeline, bound ranges) and the launch info in
+//! one persistent buffer (dynamic offsets); reads go through staging buffers and `map_async`. `sync` and reads wait on the awaiting thread, which
 //! blocks in `device.poll` instead of spinning; profiles and collectives are completed by a poll
 //! thread.
 //!

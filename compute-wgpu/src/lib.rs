@@ -8,9 +8,10 @@
 //! into per-batch arenas (no allocation per launch) and batched into few submissions on the
 //! device's queue (on a GPU the batch starts small after each wait and doubles while the host
 //! keeps filling it), with bind groups cached per (pipeline, bound ranges) and the launch info in
-//! one persistent buffer (dynamic offsets); reads go through staging buffers and `map_async`. `sync` and reads wait on the awaiting thread, which
-//! blocks in `device.poll` instead of spinning; profiles and collectives are completed by a poll
-//! thread.
+//! one persistent buffer (dynamic offsets); reads go through staging buffers and `map_async`.
+//! `sync` and reads wait on the awaiting thread, which blocks in `device.poll` instead of
+//! spinning; profiles and collectives are completed by a poll thread, which also frees large
+//! host buffers that writes have copied out of.
 //!
 //! ```no_run
 //! use compute_core::{Bytes, ComputeClient};

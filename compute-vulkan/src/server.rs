@@ -181,6 +181,8 @@ pub struct VulkanServer {
     descriptors: Vec<vk::DescriptorBufferInfo>,
     ranges: Vec<Range>,
     descriptors_cache: DescriptorCache,
+    /// Streams with a capture running (the launch path skips stream lookups when none).
+    captures: usize,
 }
 
 fn ready<T: Send + 'static>(value: T) -> DynFut<T> {
@@ -386,6 +388,7 @@ impl VulkanServer {
             descriptors: Vec::new(),
             ranges: Vec::new(),
             descriptors_cache: DescriptorCache::new(&ctx),
+            captures: 0,
             ctx,
         })
     }
@@ -687,11 +690,14 @@ impl VulkanServer {
             let pools = self.descriptors_cache.clear();
             self.recorder.keep_until_done(pools);
         }
-        let state = self
-            .streams
-            .get_mut(&stream)
-            .unwrap_or_else(|| unreachable!("the stream was created by the launch"));
-        let cb = match &mut state.capture {
+        let capture = if self.captures > 0 {
+            self.streams
+                .get_mut(&stream)
+                .and_then(|state| state.capture.as_mut())
+        } else {
+            None
+        };
+        let cb = match capture {
             Some(capture) => {
                 if capture.needs_barrier {
                     barrier(&ctx.device, capture.cb);
@@ -1098,7 +1104,7 @@ impl ComputeServer for VulkanServer {
         let checked_launch = def.check_launch(&infos, &arguments.scalars);
         self.launch_infos = infos;
         checked_launch?;
-        arguments.check_owner(self.owner)?;
+        // Owners are checked by `resolve`, binding by binding.
         let limits = *self.ctx.limits();
         let shared = def.shared_memory_bytes() as u64;
         if shared > u64::from(limits.max_compute_shared_memory_size) {
@@ -1120,7 +1126,7 @@ impl ComputeServer for VulkanServer {
             )));
         }
         let mut keep: Vec<Binding> = Vec::new();
-        let capturing = self.stream(stream)?.capture.is_some();
+        let capturing = self.captures > 0 && self.capturing(stream);
         let (count, empty) = match count {
             CubeCount::Static(x, y, z) => {
                 let max_count = limits.max_compute_work_group_count;
@@ -1312,6 +1318,7 @@ impl ComputeServer for VulkanServer {
             needs_barrier: true,
             keep: Vec::new(),
         });
+        self.captures += 1;
         Ok(())
     }
 
@@ -1321,6 +1328,7 @@ impl ComputeServer for VulkanServer {
             ServerError::InvalidArgument(format!("stop_capture on {stream} without start_capture"))
         })?;
         state.memory.mode(MemoryAllocationMode::Auto);
+        self.captures -= 1;
         // SAFETY: the capture's command buffer is recording.
         unsafe { self.ctx.device.end_command_buffer(capture.cb) }
             .map_err(|e| ServerError::Driver(format!("vkEndCommandBuffer failed: {e}")))?;

@@ -575,9 +575,27 @@ impl VulkanServer {
         name: &str,
     ) -> Result<(vk::DescriptorBufferInfo, u32, u32), ServerError> {
         let item = item.max(1);
-        let bind_offset = resource.offset / self.bind_align * self.bind_align;
+        // minStorageBufferOffsetAlignment is a power of two (spec); item sizes nearly always are:
+        // masks and shifts instead of divisions on the launch path.
+        let bind_offset = if self.bind_align.is_power_of_two() {
+            resource.offset & !(self.bind_align - 1)
+        } else {
+            resource.offset / self.bind_align * self.bind_align
+        };
         let delta = resource.offset - bind_offset;
-        if !delta.is_multiple_of(item) {
+        let in_items = |bytes: u64| {
+            if item.is_power_of_two() {
+                bytes >> item.trailing_zeros()
+            } else {
+                bytes / item
+            }
+        };
+        let misaligned = if item.is_power_of_two() {
+            delta & (item - 1) != 0
+        } else {
+            !delta.is_multiple_of(item)
+        };
+        if misaligned {
             return Err(ServerError::InvalidArgument(format!(
                 "buffer argument of kernel `{name}` starts at byte {} of its block, not a multiple of its item size {item}",
                 resource.offset
@@ -598,8 +616,8 @@ impl VulkanServer {
                 .buffer(resource.buffer)
                 .offset(bind_offset)
                 .range(range),
-            saturate(delta / item),
-            saturate(resource.size / item),
+            saturate(in_items(delta)),
+            saturate(in_items(resource.size)),
         ))
     }
 

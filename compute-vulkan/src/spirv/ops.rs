@@ -233,7 +233,12 @@ impl Emitter<'_> {
                         let q = self.op(Op::Select, ty, &[ism1, neg, q]);
                         self.op(Op::Select, ty, &[is0, a, q])
                     } else {
-                        let r = self.op(Op::SRem, ty, &[a, safe]);
+                        // `a - (a / b) * b` rather than OpSRem: NVIDIA's driver computes OpSRem of
+                        // a negative dividend as an unsigned remainder (rem(-1, 2) == 1 on the
+                        // H200), while its OpSDiv truncates correctly.
+                        let q = self.op(Op::SDiv, ty, &[a, safe]);
+                        let qb = self.op(Op::IMul, ty, &[q, safe]);
+                        let r = self.op(Op::ISub, ty, &[a, qb]);
                         self.op(Op::Select, ty, &[special, z, r])
                     }
                 } else {

@@ -48,6 +48,8 @@ struct Entry {
 pub(crate) struct DescriptorCache {
     ctx: Arc<Context>,
     entries: HashMap<u64, Vec<Entry>>,
+    /// The set returned last (repeated launches skip hashing and the bucket search).
+    last: Option<Entry>,
     count: usize,
     pools: Vec<Arc<DescriptorPool>>,
     left_in_pool: u32,
@@ -74,6 +76,7 @@ impl DescriptorCache {
         Self {
             ctx: ctx.clone(),
             entries: HashMap::new(),
+            last: None,
             count: 0,
             pools: Vec::new(),
             left_in_pool: 0,
@@ -83,6 +86,37 @@ impl DescriptorCache {
     /// The set of `pipeline` (with `layout`) over `ranges` (binding `k` for range `k`), and the
     /// pool it lives in.
     pub(crate) fn get(
+        &mut self,
+        pipeline: u64,
+        layout: vk::DescriptorSetLayout,
+        ranges: &[Range],
+    ) -> Result<(vk::DescriptorSet, &Arc<DescriptorPool>), ServerError> {
+        let same_as_last = self
+            .last
+            .as_ref()
+            .is_some_and(|e| e.pipeline == pipeline && e.ranges == ranges);
+        if !same_as_last {
+            let (set, pool) = self.lookup(pipeline, layout, ranges)?;
+            let pool = pool.clone();
+            let mut kept = self.last.take().map(|e| e.ranges).unwrap_or_default();
+            kept.clear();
+            kept.extend_from_slice(ranges);
+            self.last = Some(Entry {
+                pipeline,
+                ranges: kept,
+                set,
+                pool,
+            });
+        }
+        let last = self
+            .last
+            .as_ref()
+            .unwrap_or_else(|| unreachable!("matched or set above"));
+        Ok((last.set, &last.pool))
+    }
+
+    /// [`get`](Self::get) through the map.
+    fn lookup(
         &mut self,
         pipeline: u64,
         layout: vk::DescriptorSetLayout,
@@ -197,6 +231,7 @@ impl DescriptorCache {
     /// their sets has completed.
     pub(crate) fn clear(&mut self) -> Vec<Arc<DescriptorPool>> {
         self.entries.clear();
+        self.last = None;
         self.count = 0;
         self.left_in_pool = 0;
         core::mem::take(&mut self.pools)

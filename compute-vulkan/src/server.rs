@@ -165,6 +165,8 @@ pub struct VulkanServer {
     retired: Retired,
     recorder: Recorder,
     pipelines: HashMap<(KernelId, bool), Arc<Pipeline>>,
+    /// The pipeline of the latest launch (repeated launches skip the map lookup).
+    last_pipeline: Option<(KernelId, bool, Arc<Pipeline>)>,
     cache: PipelineCache,
     max_batch: usize,
     batch_limit: usize,
@@ -373,6 +375,7 @@ impl VulkanServer {
             retired: Retired::default(),
             recorder,
             pipelines: HashMap::new(),
+            last_pipeline: None,
             cache,
             max_batch,
             batch_limit: max_batch,
@@ -532,7 +535,14 @@ impl VulkanServer {
         kernel: &VulkanKernel,
         checked: bool,
     ) -> Result<Arc<Pipeline>, ServerError> {
+        if let Some((id, was_checked, found)) = &self.last_pipeline
+            && *id == kernel.id
+            && *was_checked == checked
+        {
+            return Ok(found.clone());
+        }
         if let Some(found) = self.pipelines.get(&(kernel.id, checked)) {
+            self.last_pipeline = Some((kernel.id, checked, found.clone()));
             return Ok(found.clone());
         }
         let def = &kernel.definition;
@@ -563,6 +573,7 @@ impl VulkanServer {
         self.cache.created();
         self.pipelines
             .insert((kernel.id, checked), pipeline.clone());
+        self.last_pipeline = Some((kernel.id, checked, pipeline.clone()));
         Ok(pipeline)
     }
 
@@ -703,7 +714,7 @@ impl VulkanServer {
         count: DispatchCount,
         keep: Vec<Binding>,
     ) -> Result<(), ServerError> {
-        let ctx = self.ctx.clone();
+        let ctx = &self.ctx;
         if self.descriptors_cache.is_full() {
             let pools = self.descriptors_cache.clear();
             self.recorder.keep_until_done(pools);
@@ -802,7 +813,7 @@ impl VulkanServer {
         }
         let info_descriptor = match info {
             Some(words) => {
-                let (buffer, offset) = linear.push(&ctx, words_as_bytes(words), self.bind_align)?;
+                let (buffer, offset) = linear.push(ctx, words_as_bytes(words), self.bind_align)?;
                 Some(
                     vk::DescriptorBufferInfo::default()
                         .buffer(buffer)
@@ -1112,7 +1123,7 @@ impl ComputeServer for VulkanServer {
         mode: ExecutionMode,
         stream: StreamId,
     ) -> Result<(), ServerError> {
-        let def = kernel.definition.clone();
+        let def = &*kernel.definition;
         let mut infos = core::mem::take(&mut self.launch_infos);
         infos.clear();
         infos.extend(arguments.buffers.iter().map(|b| BufferLaunchInfo {
@@ -1123,7 +1134,8 @@ impl ComputeServer for VulkanServer {
         self.launch_infos = infos;
         checked_launch?;
         // Owners are checked by `resolve`, binding by binding.
-        let limits = *self.ctx.limits();
+        let limits = self.ctx.limits();
+        let max_count = limits.max_compute_work_group_count;
         let shared = def.shared_memory_bytes() as u64;
         if shared > u64::from(limits.max_compute_shared_memory_size) {
             return Err(ServerError::InvalidArgument(format!(
@@ -1147,7 +1159,6 @@ impl ComputeServer for VulkanServer {
         let capturing = self.captures > 0 && self.capturing(stream);
         let (count, empty) = match count {
             CubeCount::Static(x, y, z) => {
-                let max_count = limits.max_compute_work_group_count;
                 if [x, y, z].iter().zip(max_count).any(|(&c, m)| c > m) {
                     return Err(ServerError::InvalidArgument(format!(
                         "cube count {:?} of kernel `{}` exceeds the device's maxComputeWorkGroupCount {max_count:?}",
@@ -1571,6 +1582,7 @@ impl Drop for VulkanServer {
             // SAFETY: the device is idle.
             unsafe { self.ctx.free_buffer(block.buffer, block.memory) };
         }
+        self.last_pipeline = None;
         self.pipelines.clear();
     }
 }

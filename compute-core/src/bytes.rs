@@ -67,7 +67,11 @@ fn copy_pieces(len: usize) -> usize {
 /// # Panics
 /// If the lengths differ.
 pub fn parallel_copy(dst: &mut [u8], src: &[u8]) {
-    assert_eq!(dst.len(), src.len(), "parallel_copy of slices of different lengths");
+    assert_eq!(
+        dst.len(),
+        src.len(),
+        "parallel_copy of slices of different lengths"
+    );
     let pieces = copy_pieces(src.len());
     if pieces <= 1 {
         dst.copy_from_slice(src);

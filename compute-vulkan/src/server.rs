@@ -20,7 +20,7 @@ use compute_core::kernel::{BufferLaunchInfo, KernelId, ScalarValue};
 use compute_core::layout::{contiguous_strides, for_each_row, pack_tensors};
 use compute_core::memory::{
     MemoryAllocationMode, MemoryDeviceProperties, MemoryManagement, MemoryPoolsConfig, MemoryUsage,
-    PoolConfigError,
+    PoolConfigError, SliceId,
 };
 use compute_core::profile::ProfileToken;
 use compute_core::{
@@ -149,6 +149,21 @@ impl Drop for PendingRead {
     }
 }
 
+/// Slices whose resources the launch path remembers.
+const RESOLVED: usize = 4;
+
+/// What a binding resolves from: slice ids are never reused, and a live slice (a binding holds
+/// its handle) keeps its place in its block, so a remembered resolution stays valid while the
+/// slice lives; it is forgotten anyway whenever pools or blocks change (see
+/// [`VulkanServer::forget_resolved`]).
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct ResolveKey {
+    stream: StreamId,
+    slice: SliceId,
+    start: u64,
+    end: u64,
+}
+
 /// The server of one Vulkan device.
 pub struct VulkanServer {
     ctx: Arc<Context>,
@@ -185,7 +200,18 @@ pub struct VulkanServer {
     descriptors_cache: DescriptorCache,
     /// Streams with a capture running (the launch path skips stream lookups when none).
     captures: usize,
+    /// Bindings resolved lately (repeated launches skip the pool and block lookups).
+    resolved: [(Option<ResolveKey>, VulkanResource); RESOLVED],
+    next_resolved: usize,
 }
+
+/// Placeholder of unused [`ResolveKey`] slots.
+const NO_RESOURCE: VulkanResource = VulkanResource {
+    buffer: vk::Buffer::null(),
+    offset: 0,
+    size: 0,
+    block_size: 0,
+};
 
 fn ready<T: Send + 'static>(value: T) -> DynFut<T> {
     Box::pin(core::future::ready(value))
@@ -392,6 +418,8 @@ impl VulkanServer {
             ranges: Vec::new(),
             descriptors_cache: DescriptorCache::new(&ctx),
             captures: 0,
+            resolved: [(None, NO_RESOURCE); RESOLVED],
+            next_resolved: 0,
             ctx,
         })
     }
@@ -453,17 +481,32 @@ impl VulkanServer {
                     .into(),
             )
         };
-        let state = self.streams.get_mut(&handle.stream()).ok_or_else(missing)?;
-        let resource = state
-            .memory
-            .get_resource(
-                handle.memory().id(),
-                handle.slice_offset_start(),
-                handle.slice_offset_end(),
-            )
-            .ok_or_else(missing)?;
-        self.collectives.wait_for(handle.memory().id());
+        let key = ResolveKey {
+            stream: handle.stream(),
+            slice: handle.memory().id(),
+            start: handle.slice_offset_start(),
+            end: handle.slice_offset_end(),
+        };
+        let resource = match self.resolved.iter().find(|(k, _)| *k == Some(key)) {
+            Some(&(_, resource)) => resource,
+            None => {
+                let state = self.streams.get_mut(&key.stream).ok_or_else(missing)?;
+                let resource = state
+                    .memory
+                    .get_resource(key.slice, key.start, key.end)
+                    .ok_or_else(missing)?;
+                self.resolved[self.next_resolved] = (Some(key), resource);
+                self.next_resolved = (self.next_resolved + 1) % RESOLVED;
+                resource
+            }
+        };
+        self.collectives.wait_for(key.slice);
         Ok(resource)
+    }
+
+    /// Forget remembered resolutions (pools or blocks may have changed).
+    fn forget_resolved(&mut self) {
+        self.resolved = [(None, NO_RESOURCE); RESOLVED];
     }
 
     fn capturing(&self, stream: StreamId) -> bool {
@@ -492,6 +535,7 @@ impl VulkanServer {
     fn drain_retired(&mut self) {
         let blocks = core::mem::take(&mut *self.retired.lock());
         if !blocks.is_empty() {
+            self.forget_resolved();
             // Cached sets may point at these blocks (and their handles may be reused).
             let pools = self.descriptors_cache.clear();
             self.recorder.keep_until_done(pools);
@@ -1292,6 +1336,7 @@ impl ComputeServer for VulkanServer {
     }
 
     fn memory_cleanup(&mut self, stream: StreamId) {
+        self.forget_resolved();
         if let Some(state) = self.streams.get_mut(&stream) {
             state.memory.cleanup(true);
         }
@@ -1319,6 +1364,7 @@ impl ComputeServer for VulkanServer {
         stream: StreamId,
     ) -> Result<bool, PoolConfigError> {
         config.resolve(&self.properties.memory)?;
+        self.forget_resolved();
         self.pool_config = config.clone();
         let rebuilt = match self.stream(stream) {
             Ok(state) => state.memory.reconfigure(config),

@@ -143,7 +143,32 @@ impl Linear {
 }
 
 /// Record a global memory barrier between earlier and later compute/transfer work.
-pub(crate) fn barrier(device: &ash::Device, cb: vk::CommandBuffer) {
+pub(crate) fn barrier(ctx: &Context, cb: vk::CommandBuffer) {
+    let device = &ctx.device;
+    if ctx.sync2 {
+        let b = [vk::MemoryBarrier2::default()
+            .src_stage_mask(
+                vk::PipelineStageFlags2::COMPUTE_SHADER | vk::PipelineStageFlags2::TRANSFER,
+            )
+            .src_access_mask(vk::AccessFlags2::SHADER_WRITE | vk::AccessFlags2::TRANSFER_WRITE)
+            .dst_stage_mask(
+                vk::PipelineStageFlags2::COMPUTE_SHADER
+                    | vk::PipelineStageFlags2::TRANSFER
+                    | vk::PipelineStageFlags2::DRAW_INDIRECT,
+            )
+            .dst_access_mask(
+                vk::AccessFlags2::SHADER_READ
+                    | vk::AccessFlags2::SHADER_WRITE
+                    | vk::AccessFlags2::TRANSFER_READ
+                    | vk::AccessFlags2::TRANSFER_WRITE
+                    | vk::AccessFlags2::INDIRECT_COMMAND_READ,
+            )];
+        let dependency = vk::DependencyInfo::default().memory_barriers(&b);
+        // SAFETY: `cb` is in the recording state (the callers' contract); synchronization2 is
+        // enabled on the device.
+        unsafe { device.cmd_pipeline_barrier2(cb, &dependency) };
+        return;
+    }
     let b = [vk::MemoryBarrier::default()
         .src_access_mask(vk::AccessFlags::SHADER_WRITE | vk::AccessFlags::TRANSFER_WRITE)
         .dst_access_mask(
@@ -441,7 +466,7 @@ impl Recorder {
     pub(crate) fn command(&mut self) -> Result<vk::CommandBuffer, ServerError> {
         let cb = self.open()?;
         if self.needs_barrier {
-            barrier(&self.ctx.device, cb);
+            barrier(&self.ctx, cb);
         }
         self.needs_barrier = true;
         Ok(cb)

@@ -259,7 +259,7 @@ fn run_round(
         unreachable!("created just above")
     };
     let cb = pool.begin(None, vk::CommandBufferUsageFlags::ONE_TIME_SUBMIT)?;
-    barrier(&ctx.device, cb);
+    barrier(ctx, cb);
     let region = [vk::BufferCopy {
         src_offset: 0,
         dst_offset: round.dst.offset,
@@ -270,7 +270,7 @@ fn run_round(
     unsafe {
         ctx.device
             .cmd_copy_buffer(cb, upload.buffer(), round.dst.buffer, &region);
-        barrier(&ctx.device, cb);
+        barrier(ctx, cb);
         ctx.device
             .end_command_buffer(cb)
             .map_err(|e| ServerError::Driver(format!("vkEndCommandBuffer failed: {e}")))?;

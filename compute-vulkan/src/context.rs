@@ -58,6 +58,9 @@ struct QueueState {
 pub(crate) struct Context {
     pub(crate) device: ash::Device,
     pub(crate) push_descriptor: Option<ash::khr::push_descriptor::Device>,
+    /// Whether `synchronization2` is enabled (barriers use `vkCmdPipelineBarrier2`, which
+    /// drivers record without converting).
+    pub(crate) sync2: bool,
     queue: Mutex<QueueState>,
     pub(crate) timeline: vk::Semaphore,
     /// Queue family of the queue.
@@ -368,6 +371,7 @@ impl Context {
         Ok(Self {
             device,
             push_descriptor,
+            sync2: on(f13.synchronization2),
             queue: Mutex::new(QueueState { queue, next: 1 }),
             timeline,
             family,

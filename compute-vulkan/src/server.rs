@@ -773,7 +773,7 @@ impl VulkanServer {
         let cb = match capture {
             Some(capture) => {
                 if capture.needs_barrier {
-                    barrier(&ctx.device, capture.cb);
+                    barrier(ctx, capture.cb);
                 }
                 capture.needs_barrier = true;
                 capture.keep.push(Box::new(pipeline.clone()));

@@ -66,6 +66,12 @@ impl RawDevice {
         *self.ctx.limits()
     }
 
+    /// Whether the `synchronization2` feature is enabled (as on the server's device, whose
+    /// barriers then use `vkCmdPipelineBarrier2`).
+    pub fn synchronization2(&self) -> bool {
+        self.ctx.sync2
+    }
+
     /// VK_KHR_push_descriptor functions, when the device has them.
     pub fn push_descriptor(&self) -> Option<&ash::khr::push_descriptor::Device> {
         self.ctx.push_descriptor.as_ref()

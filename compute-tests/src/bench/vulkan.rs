@@ -411,14 +411,27 @@ impl Drop for Raw {
 
 /// Record `times` dispatches of `p`: the pipeline, set and push constants bound once, and the same
 /// barrier between dispatches as the runtime records between consecutive launches (in-order
-/// execution). The leanest raw recording of the same work.
+/// execution; `vkCmdPipelineBarrier2` where synchronization2 is enabled, as the runtime does).
+/// The leanest raw recording of the same work.
 fn dispatches(
     d: &compute_vulkan::ash::Device,
+    sync2: bool,
     cb: vk::CommandBuffer,
     p: &Pipe,
     x: u32,
     times: usize,
 ) {
+    let barrier2 = [vk::MemoryBarrier2::default()
+        .src_stage_mask(vk::PipelineStageFlags2::COMPUTE_SHADER)
+        .src_access_mask(vk::AccessFlags2::SHADER_WRITE | vk::AccessFlags2::TRANSFER_WRITE)
+        .dst_stage_mask(vk::PipelineStageFlags2::COMPUTE_SHADER)
+        .dst_access_mask(
+            vk::AccessFlags2::SHADER_READ
+                | vk::AccessFlags2::SHADER_WRITE
+                | vk::AccessFlags2::TRANSFER_READ
+                | vk::AccessFlags2::TRANSFER_WRITE,
+        )];
+    let dependency = vk::DependencyInfo::default().memory_barriers(&barrier2);
     let barrier = [vk::MemoryBarrier::default()
         .src_access_mask(vk::AccessFlags::SHADER_WRITE | vk::AccessFlags::TRANSFER_WRITE)
         .dst_access_mask(
@@ -442,7 +455,9 @@ fn dispatches(
             d.cmd_push_constants(cb, p.layout, vk::ShaderStageFlags::COMPUTE, 0, &p.push);
         }
         for i in 0..times {
-            if i > 0 {
+            if i > 0 && sync2 {
+                d.cmd_pipeline_barrier2(cb, &dependency);
+            } else if i > 0 {
                 d.cmd_pipeline_barrier(
                     cb,
                     vk::PipelineStageFlags::COMPUTE_SHADER,
@@ -528,10 +543,11 @@ fn launch(client: &ComputeClient<VulkanRuntime>, raw: &Raw) -> Res<Vec<Row>> {
 
     let buffer = raw.buffer(64 * 4, false)?;
     let pipe = raw.pipeline(&definition, &[&buffer], 4)?;
-    raw.run(|d, cb| dispatches(d, cb, &pipe, 1, 1))?;
+    let sync2 = raw.dev.synchronization2();
+    raw.run(|d, cb| dispatches(d, sync2, cb, &pipe, 1, 1))?;
     let failed = Failure::default();
     let raw_latency = best_per_call(5, iters, || {
-        failed.note(raw.run(|d, cb| dispatches(d, cb, &pipe, 1, 1)));
+        failed.note(raw.run(|d, cb| dispatches(d, sync2, cb, &pipe, 1, 1)));
     });
     // Host cost: issuing the launches and submitting them; the device's work is waited for
     // outside the timing. Ours and raw alternate, best of many each, so that load from other
@@ -550,14 +566,14 @@ fn launch(client: &ComputeClient<VulkanRuntime>, raw: &Raw) -> Res<Vec<Row>> {
         ));
         raw_host = raw_host.min(best_of(
             1,
-            || failed.note(raw.submit(|d, cb| dispatches(d, cb, &pipe, 1, host_iters))),
+            || failed.note(raw.submit(|d, cb| dispatches(d, sync2, cb, &pipe, 1, host_iters))),
             || failed.note(raw.wait()),
         ));
     }
     let host = host / host_iters as f64;
     let raw_host = raw_host / host_iters as f64;
     let raw_throughput = best_per_call(3, 1, || {
-        failed.note(raw.run(|d, cb| dispatches(d, cb, &pipe, 1, host_iters)));
+        failed.note(raw.run(|d, cb| dispatches(d, sync2, cb, &pipe, 1, host_iters)));
     }) / host_iters as f64;
     raw.drop_pipe(pipe);
     raw.free(buffer);
@@ -622,10 +638,11 @@ fn bandwidth(client: &ComputeClient<VulkanRuntime>, raw: &Raw, size: usize) -> R
     let staging = raw.buffer(size as u64, true)?;
     let raw_count = (size / 16).div_ceil(256) as u32;
     let pipe = raw.pipeline(&copy_kernel(), &[&a, &b], 16)?;
+    let sync2 = raw.dev.synchronization2();
     let attempt = |r: Res<()>| failed.note(r);
-    attempt(raw.run(|d, cb| dispatches(d, cb, &pipe, raw_count, 1)));
+    attempt(raw.run(|d, cb| dispatches(d, sync2, cb, &pipe, raw_count, 1)));
     let raw_kernel = best_per_call(5, 1, || {
-        attempt(raw.run(|d, cb| dispatches(d, cb, &pipe, raw_count, 1)))
+        attempt(raw.run(|d, cb| dispatches(d, sync2, cb, &pipe, raw_count, 1)))
     });
     let whole = [vk::BufferCopy {
         src_offset: 0,

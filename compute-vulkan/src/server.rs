@@ -1128,7 +1128,8 @@ impl ComputeServer for VulkanServer {
                     strided_span(&descriptor.shape, &descriptor.strides, descriptor.elem_size);
                 let raw = staging.read(0, span);
                 if is_contiguous(&descriptor.shape, &descriptor.strides) {
-                    out.push(Bytes::from_slice(raw));
+                    // Fresh host pages fault slowly on one thread (1.3 GB/s for 1 GiB on the H200 host).
+                    out.push(Bytes::from_slice_parallel(raw));
                 } else {
                     let mut buf =
                         compute_core::bytes::AlignedBuf::zeroed(descriptor.compact_size());

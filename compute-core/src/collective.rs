@@ -1,7 +1,11 @@
 //! Collectives: reduction operations and a host-staged rendezvous for backends without a
 //! collective library (CPU, wgpu, Vulkan).
 
+use core::hash::Hash;
 use core::time::Duration;
+use std::collections::{BTreeSet, VecDeque};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc;
 use std::sync::{Arc, Condvar, Mutex};
 
 use hashbrown::HashMap;
@@ -10,6 +14,8 @@ use serde::{Deserialize, Serialize};
 use crate::device::DeviceId;
 use crate::elem::ElemType;
 use crate::error::ServerError;
+use crate::future::{Receiver, Sender};
+use crate::memory::SliceId;
 
 /// How `all_reduce` combines the contributions of the devices.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -198,6 +204,252 @@ impl HostRendezvous {
                 .wait_timeout(rounds, deadline - now)
                 .unwrap_or_else(|p| p.into_inner())
                 .0;
+        }
+    }
+}
+
+/// Errors raised by collective rounds on the worker threads, oldest first.
+type ErrorList = Mutex<VecDeque<ServerError>>;
+
+/// Output slices of rounds not yet written, with how many rounds write each.
+#[derive(Default)]
+struct Pending {
+    slices: Mutex<HashMap<SliceId, u32>>,
+    /// Rounds queued and not yet released: lets `wait_for` skip the lock when none is.
+    count: AtomicUsize,
+    done: Condvar,
+}
+
+impl Pending {
+    /// One more round writes `slice`.
+    fn add(&self, slice: SliceId) {
+        self.count.fetch_add(1, Ordering::AcqRel);
+        *self
+            .slices
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(slice)
+            .or_insert(0) += 1;
+    }
+
+    /// A round that writes `slice` has finished (or was never queued).
+    fn release(&self, slice: SliceId) {
+        let mut slices = self.slices.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = slices.get_mut(&slice) {
+            self.count.fetch_sub(1, Ordering::AcqRel);
+            *n -= 1;
+            if *n == 0 {
+                slices.remove(&slice);
+            }
+        }
+        self.done.notify_all();
+    }
+}
+
+/// A `sync_collective` waiting for every worker of a server to reach it.
+struct Marker {
+    /// Workers that have not reached the marker yet.
+    remaining: AtomicUsize,
+    done: Mutex<Option<Sender<Result<(), ServerError>>>>,
+}
+
+impl Marker {
+    /// One worker reached the marker (or will never): the last one answers with the first error
+    /// the rounds raised.
+    fn reach(&self, errors: &ErrorList) {
+        if self.remaining.fetch_sub(1, Ordering::AcqRel) == 1 {
+            let first = errors.lock().unwrap_or_else(|p| p.into_inner()).pop_front();
+            if let Some(tx) = self.done.lock().unwrap_or_else(|p| p.into_inner()).take() {
+                tx.send(first.map_or(Ok(()), Err));
+            }
+        }
+    }
+}
+
+enum Job<R> {
+    Round(SliceId, R),
+    Marker(Arc<Marker>),
+}
+
+struct Worker<R> {
+    sender: mpsc::Sender<Job<R>>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+/// The backend-independent collective state of one server of a host-staged backend (wgpu,
+/// Vulkan): the initialised groups, the round numbers per group, the output slices that queued
+/// rounds have not written yet, the worker threads that run the rounds and the errors they raised.
+///
+/// Rounds (of type `R`, the backend's staging of one device's part of a collective) run in issue
+/// order on a worker thread per key `K` (the backend picks how rounds share workers: one per
+/// group, or one per server), off the server lock, since a round waits for the other devices of
+/// its group. Until a round has finished, [`HostCollectives::wait_for`] blocks later work that
+/// touches its output slice.
+pub struct HostCollectives<K, R> {
+    groups: BTreeSet<Vec<DeviceId>>,
+    rounds: HashMap<Vec<DeviceId>, u64>,
+    pending: Arc<Pending>,
+    workers: HashMap<K, Worker<R>>,
+    errors: Arc<ErrorList>,
+}
+
+impl<K, R> Default for HostCollectives<K, R> {
+    fn default() -> Self {
+        Self {
+            groups: BTreeSet::new(),
+            rounds: HashMap::new(),
+            pending: Arc::default(),
+            workers: HashMap::new(),
+            errors: Arc::default(),
+        }
+    }
+}
+
+impl<K: Eq + Hash + Clone, R: Send + 'static> HostCollectives<K, R> {
+    /// Remember an initialised group.
+    pub fn init(&mut self, group: Vec<DeviceId>) {
+        self.groups.insert(group);
+    }
+
+    /// Whether `group` was initialised.
+    pub fn is_init(&self, group: &[DeviceId]) -> bool {
+        self.groups.contains(group)
+    }
+
+    /// The next round number of `group` (the first is 1).
+    pub fn next_round(&mut self, group: &[DeviceId]) -> u64 {
+        let round = self.rounds.entry(group.to_vec()).or_insert(0);
+        *round += 1;
+        *round
+    }
+
+    /// Block until no queued round writes `slice`.
+    pub fn wait_for(&self, slice: SliceId) {
+        // Rounds are counted on the server's thread (in `submit`) before any later call can
+        // reach here, so a zero count means no round is pending for any slice.
+        if self.pending.count.load(Ordering::Acquire) == 0 {
+            return;
+        }
+        let mut slices = self
+            .pending
+            .slices
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        while slices.get(&slice).is_some_and(|&n| n > 0) {
+            slices = self
+                .pending
+                .done
+                .wait(slices)
+                .unwrap_or_else(|p| p.into_inner());
+        }
+    }
+
+    /// Start the worker of `key` unless it runs already: a thread called `name` that runs each
+    /// round queued on it with the function `start` returns (called once, on this thread).
+    pub fn start_worker<F>(
+        &mut self,
+        key: &K,
+        name: &str,
+        start: impl FnOnce() -> F,
+    ) -> Result<(), ServerError>
+    where
+        F: FnMut(R) -> Result<(), ServerError> + Send + 'static,
+    {
+        if self.workers.contains_key(key) {
+            return Ok(());
+        }
+        let (sender, receiver) = mpsc::channel();
+        let run_round = start();
+        let pending = self.pending.clone();
+        let errors = self.errors.clone();
+        let thread = std::thread::Builder::new()
+            .name(name.into())
+            .spawn(move || run(receiver, run_round, &pending, &errors))
+            .map_err(|e| ServerError::Driver(format!("cannot start the collective worker: {e}")))?;
+        self.workers.insert(key.clone(), Worker { sender, thread });
+        Ok(())
+    }
+
+    /// Queue `round`, which writes `slice`, on the worker of `key` (started as
+    /// [`HostCollectives::start_worker`] does if it does not run yet).
+    pub fn submit<F>(
+        &mut self,
+        key: &K,
+        slice: SliceId,
+        round: R,
+        name: &str,
+        start: impl FnOnce() -> F,
+    ) -> Result<(), ServerError>
+    where
+        F: FnMut(R) -> Result<(), ServerError> + Send + 'static,
+    {
+        self.pending.add(slice);
+        let sent = self.start_worker(key, name, start).and_then(|()| {
+            self.workers
+                .get(key)
+                .unwrap_or_else(|| unreachable!("started just above"))
+                .sender
+                .send(Job::Round(slice, round))
+                .map_err(|_| ServerError::Driver("the collective worker stopped".into()))
+        });
+        if let Err(e) = sent {
+            self.pending.release(slice);
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    /// A receiver that completes once every round queued so far (on every worker) has finished,
+    /// with the first error they raised.
+    pub fn marker(&mut self) -> Receiver<Result<(), ServerError>> {
+        let (tx, rx) = crate::future::oneshot();
+        let marker = Arc::new(Marker {
+            // One count per worker, and one for this call (so none answers before all are sent).
+            remaining: AtomicUsize::new(self.workers.len() + 1),
+            done: Mutex::new(Some(tx)),
+        });
+        for worker in self.workers.values() {
+            if let Err(mpsc::SendError(Job::Marker(m))) =
+                worker.sender.send(Job::Marker(marker.clone()))
+            {
+                self.errors
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push_back(ServerError::Driver("a collective worker stopped".into()));
+                m.reach(&self.errors);
+            }
+        }
+        marker.reach(&self.errors);
+        rx
+    }
+
+    /// Stop the workers after the rounds queued so far, and wait for them.
+    pub fn shutdown(&mut self) {
+        for (_, worker) in self.workers.drain() {
+            drop(worker.sender);
+            let _ = worker.thread.join();
+        }
+    }
+}
+
+fn run<R>(
+    receiver: mpsc::Receiver<Job<R>>,
+    mut run_round: impl FnMut(R) -> Result<(), ServerError>,
+    pending: &Pending,
+    errors: &ErrorList,
+) {
+    while let Ok(job) = receiver.recv() {
+        match job {
+            Job::Round(slice, round) => {
+                if let Err(e) = run_round(round) {
+                    errors
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .push_back(e);
+                }
+                pending.release(slice);
+            }
+            Job::Marker(marker) => marker.reach(errors),
         }
     }
 }

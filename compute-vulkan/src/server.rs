@@ -1601,13 +1601,12 @@ impl ComputeServer for VulkanServer {
             dst: target,
             dst_binding: dst,
         };
-        self.collectives.submit(&self.ctx, self.family, round)
+        crate::collective::submit(&mut self.collectives, &self.ctx, self.family, round)
     }
 
     fn sync_collective(&mut self, _stream: StreamId) -> DynFut<Result<(), ServerError>> {
-        let rx = self
-            .collectives
-            .marker(&self.ctx, self.family, &self.errors);
+        let rx =
+            crate::collective::marker(&mut self.collectives, &self.ctx, self.family, &self.errors);
         Box::pin(async move {
             rx.await
                 .unwrap_or_else(|| Err(ServerError::Driver("the collective worker stopped".into())))

@@ -1421,7 +1421,7 @@ impl ComputeServer for WgpuServer {
             dst: target,
             dst_slice: dst.handle().memory().id(),
         };
-        self.collectives.submit(&self.queue, round)
+        crate::collective::submit(&mut self.collectives, &self.queue, round)
     }
 
     fn sync_collective(&mut self, _stream: StreamId) -> DynFut<Result<(), ServerError>> {

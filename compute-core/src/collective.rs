@@ -458,6 +458,73 @@ fn run<R>(
 mod tests {
     use super::*;
 
+    #[test]
+    fn host_collectives_order_rounds_and_report_errors() {
+        use crate::memory::SliceHandle;
+        use std::sync::atomic::AtomicU32;
+
+        type Round = (u32, Result<(), ServerError>);
+        let mut c: HostCollectives<u8, Round> = HostCollectives::default();
+        let (a, b) = (vec![DeviceId::new(0, 0)], vec![DeviceId::new(0, 1)]);
+        assert!(!c.is_init(&a));
+        c.init(a.clone());
+        assert!(c.is_init(&a) && !c.is_init(&b));
+        assert_eq!(
+            (c.next_round(&a), c.next_round(&a), c.next_round(&b)),
+            (1, 2, 1)
+        );
+
+        // Rounds run in issue order, off this thread; wait_for blocks until the round that
+        // writes the slice has finished.
+        let done = Arc::new(AtomicU32::new(0));
+        let slice = SliceHandle::detached().id();
+        let other = SliceHandle::detached().id();
+        let start = |done: Arc<AtomicU32>| {
+            move || {
+                move |(n, outcome): Round| {
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                    assert_eq!(
+                        done.fetch_add(1, Ordering::SeqCst),
+                        n,
+                        "rounds out of order"
+                    );
+                    outcome
+                }
+            }
+        };
+        c.submit(
+            &0,
+            slice,
+            (0, Ok(())),
+            "test-collective",
+            start(done.clone()),
+        )
+        .unwrap();
+        let failure = ServerError::Driver("round 1 failed".into());
+        c.submit(
+            &0,
+            other,
+            (1, Err(failure.clone())),
+            "test-collective",
+            start(done.clone()),
+        )
+        .unwrap();
+        c.wait_for(slice);
+        assert!(
+            done.load(Ordering::SeqCst) >= 1,
+            "wait_for returned before its round ran"
+        );
+        c.wait_for(other);
+        assert_eq!(done.load(Ordering::SeqCst), 2);
+
+        // The marker answers with the first error, once; the next one is clean.
+        assert_eq!(crate::future::block_on(c.marker()), Some(Err(failure)));
+        assert_eq!(crate::future::block_on(c.marker()), Some(Ok(())));
+        c.shutdown();
+        // No worker left: a marker still answers.
+        assert_eq!(crate::future::block_on(c.marker()), Some(Ok(())));
+    }
+
     fn f32s(v: &[f32]) -> Vec<u8> {
         bytemuck::cast_slice(v).to_vec()
     }

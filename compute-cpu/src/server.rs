@@ -3,7 +3,6 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::Instant;
 
 use compute_core::collective::HostRendezvous;
 use compute_core::future::{DynFut, oneshot};
@@ -15,11 +14,11 @@ use compute_core::memory::{
     MemoryAllocationMode, MemoryDeviceProperties, MemoryManagement, MemoryPoolsConfig, MemoryUsage,
     PoolConfigError,
 };
-use compute_core::profile::ProfileToken;
+use compute_core::profile::{ProfileTable, ProfileToken, host_profile};
 use compute_core::{
     Binding, Bytes, ComputeServer, CopyDescriptor, CubeCount, DeviceId, DeviceProperties, ElemType,
     ExecutionMode, Handle, KernelArguments, MemoryLayout, MemoryLayoutDescriptor, ProfileDuration,
-    ProfileError, ReduceOperation, ServerError, StreamId, TimingMethod,
+    ProfileError, ReduceOperation, ServerError, StreamId,
 };
 use hashbrown::HashMap;
 
@@ -126,8 +125,7 @@ pub struct CpuServer {
     streams: HashMap<StreamId, StreamState>,
     plans: HashMap<KernelId, Arc<Plan>>,
     graphs: HashMap<GraphId, CpuGraph>,
-    profiles: HashMap<u64, Instant>,
-    next_profile: u64,
+    profiles: ProfileTable<()>,
     /// One communication stream per collective group, like one NCCL communicator each: two
     /// groups sharing a queue could deadlock (each device waiting in a different group's round).
     comm_streams: BTreeMap<Vec<DeviceId>, StreamId>,
@@ -150,8 +148,7 @@ impl CpuServer {
             streams: HashMap::new(),
             plans: HashMap::new(),
             graphs: HashMap::new(),
-            profiles: HashMap::new(),
-            next_profile: 1,
+            profiles: ProfileTable::default(),
             comm_streams: BTreeMap::new(),
             collective_rounds: HashMap::new(),
         }
@@ -662,10 +659,7 @@ impl ComputeServer for CpuServer {
 
     fn profile_start(&mut self, stream: StreamId) -> Result<ProfileToken, ProfileError> {
         self.ensure_not_capturing(stream, "profile")?;
-        let id = self.next_profile;
-        self.next_profile += 1;
-        self.profiles.insert(id, Instant::now());
-        Ok(ProfileToken { id })
+        Ok(self.profiles.start(None))
     }
 
     fn profile_end(
@@ -673,19 +667,10 @@ impl ComputeServer for CpuServer {
         token: ProfileToken,
         stream: StreamId,
     ) -> DynFut<Result<ProfileDuration, ProfileError>> {
-        let Some(start) = self.profiles.remove(&token.id) else {
-            return Box::pin(core::future::ready(Err(ProfileError::Unavailable(
-                format!("profile token {} was not started on this server", token.id),
-            ))));
-        };
-        let done = self.sync(stream);
-        Box::pin(async move {
-            done.await?;
-            Ok(ProfileDuration {
-                duration: start.elapsed(),
-                timing: TimingMethod::Host,
-            })
-        })
+        match self.profiles.end(token) {
+            Ok((start, _)) => host_profile(start, self.sync(stream)),
+            Err(e) => Box::pin(core::future::ready(Err(e))),
+        }
     }
 
     fn ensure_init_collective(

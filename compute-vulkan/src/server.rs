@@ -10,7 +10,6 @@
 use std::any::Any;
 use std::collections::VecDeque;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
 use ash::vk;
 use compute_core::future::DynFut;
@@ -22,7 +21,7 @@ use compute_core::memory::{
     MemoryAllocationMode, MemoryDeviceProperties, MemoryManagement, MemoryPoolsConfig, MemoryUsage,
     PoolConfigError, SliceId,
 };
-use compute_core::profile::ProfileToken;
+use compute_core::profile::{ProfileTable, ProfileToken, device_profile, host_profile};
 use compute_core::{
     Binding, Bytes, ComputeServer, CopyDescriptor, CubeCount, DeviceId, DeviceProperties, ElemType,
     ExecutionMode, Features, Handle, HardwareProperties, KernelArguments, MemoryLayout,
@@ -129,11 +128,6 @@ impl Drop for QueryPool {
     }
 }
 
-struct Profile {
-    start: Instant,
-    queries: Option<QueryPool>,
-}
-
 /// Staging buffers a read copies into, waited for before they return to the pool.
 struct PendingRead {
     ctx: Arc<Context>,
@@ -188,8 +182,7 @@ pub struct VulkanServer {
     /// False when `COMPUTE_VULKAN_MAX_BATCH` fixes the limit.
     batch_grows: bool,
     graphs: HashMap<GraphId, VulkanGraph>,
-    profiles: HashMap<u64, Profile>,
-    next_profile: u64,
+    profiles: ProfileTable<QueryPool>,
     errors: ErrorQueue,
     collectives: Collectives,
     launch_infos: Vec<BufferLaunchInfo>,
@@ -407,8 +400,7 @@ impl VulkanServer {
             batch_limit: max_batch,
             batch_grows: std::env::var_os("COMPUTE_VULKAN_MAX_BATCH").is_none(),
             graphs: HashMap::new(),
-            profiles: HashMap::new(),
-            next_profile: 1,
+            profiles: ProfileTable::default(),
             errors: ErrorQueue::default(),
             collectives: Collectives::default(),
             launch_infos: Vec::new(),
@@ -1452,8 +1444,6 @@ impl ComputeServer for VulkanServer {
 
     fn profile_start(&mut self, stream: StreamId) -> Result<ProfileToken, ProfileError> {
         self.ensure_not_capturing(stream, "profile")?;
-        let id = self.next_profile;
-        self.next_profile += 1;
         let queries = if self.properties.features.device_timestamps {
             let pool = self.profile_queries()?;
             self.timestamp(pool.pool, 0)?;
@@ -1461,14 +1451,7 @@ impl ComputeServer for VulkanServer {
         } else {
             None
         };
-        self.profiles.insert(
-            id,
-            Profile {
-                start: Instant::now(),
-                queries,
-            },
-        );
-        Ok(ProfileToken { id })
+        Ok(self.profiles.start(queries))
     }
 
     fn profile_end(
@@ -1476,22 +1459,12 @@ impl ComputeServer for VulkanServer {
         token: ProfileToken,
         stream: StreamId,
     ) -> DynFut<Result<ProfileDuration, ProfileError>> {
-        let Some(profile) = self.profiles.remove(&token.id) else {
-            return ready(Err(ProfileError::Unavailable(format!(
-                "profile token {} was not started on this server",
-                token.id
-            ))));
+        let (start, queries) = match self.profiles.end(token) {
+            Ok(p) => p,
+            Err(e) => return ready(Err(e)),
         };
-        let Some(queries) = profile.queries else {
-            let done = self.sync(stream);
-            let start = profile.start;
-            return Box::pin(async move {
-                done.await?;
-                Ok(ProfileDuration {
-                    duration: start.elapsed(),
-                    timing: TimingMethod::Host,
-                })
-            });
+        let Some(queries) = queries else {
+            return host_profile(start, self.sync(stream));
         };
         let recorded = (|| {
             self.timestamp(queries.pool, 1)?;
@@ -1532,12 +1505,7 @@ impl ComputeServer for VulkanServer {
                 (1u64 << bits) - 1
             };
             let ticks = (stamps[1] & mask).wrapping_sub(stamps[0] & mask) & mask;
-            // One tick is the resolution: work that fits in it is reported as one tick.
-            let nanos = (ticks.max(1) as f64 * period).max(1.0);
-            Ok(ProfileDuration {
-                duration: Duration::from_nanos(nanos.round() as u64),
-                timing: TimingMethod::Device,
-            })
+            Ok(device_profile(ticks, period))
         })
     }
 

@@ -8,7 +8,6 @@
 
 use std::collections::VecDeque;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
 use compute_core::future::{DynFut, oneshot};
 use compute_core::graph::GraphId;
@@ -19,7 +18,7 @@ use compute_core::memory::{
     MemoryAllocationMode, MemoryDeviceProperties, MemoryManagement, MemoryPoolsConfig, MemoryUsage,
     PoolConfigError, SliceId,
 };
-use compute_core::profile::ProfileToken;
+use compute_core::profile::{ProfileTable, ProfileToken, device_profile, host_profile};
 use compute_core::{
     Binding, Bytes, ComputeServer, CopyDescriptor, CubeCount, DeviceId, DeviceProperties, ElemType,
     ExecutionMode, Features, Handle, HardwareProperties, KernelArguments, MemoryLayout,
@@ -160,11 +159,6 @@ struct WgpuGraph {
     launches: Vec<Arc<Dispatch>>,
 }
 
-struct Profile {
-    start: Instant,
-    queries: Option<wgpu::QuerySet>,
-}
-
 /// A part of a read: nothing to copy, or a staging buffer the bytes land in.
 enum ReadPart {
     Empty,
@@ -200,8 +194,7 @@ pub struct WgpuServer {
     freed: FreedBuffers,
     next_pipeline: u64,
     graphs: HashMap<GraphId, WgpuGraph>,
-    profiles: HashMap<u64, Profile>,
-    next_profile: u64,
+    profiles: ProfileTable<wgpu::QuerySet>,
     errors: ErrorQueue,
     collectives: Collectives,
     poller: Poller,
@@ -356,8 +349,7 @@ impl WgpuServer {
             freed,
             next_pipeline: 1,
             graphs: HashMap::new(),
-            profiles: HashMap::new(),
-            next_profile: 1,
+            profiles: ProfileTable::default(),
             errors,
             collectives: Collectives::default(),
             poller,
@@ -1251,8 +1243,6 @@ impl ComputeServer for WgpuServer {
 
     fn profile_start(&mut self, stream: StreamId) -> Result<ProfileToken, ProfileError> {
         self.ensure_not_capturing(stream, "profile")?;
-        let id = self.next_profile;
-        self.next_profile += 1;
         let queries = if self.timestamps {
             let set = self.device.create_query_set(&wgpu::QuerySetDescriptor {
                 label: Some("compute-wgpu profile"),
@@ -1267,14 +1257,7 @@ impl ComputeServer for WgpuServer {
         } else {
             None
         };
-        self.profiles.insert(
-            id,
-            Profile {
-                start: Instant::now(),
-                queries,
-            },
-        );
-        Ok(ProfileToken { id })
+        Ok(self.profiles.start(queries))
     }
 
     fn profile_end(
@@ -1282,22 +1265,12 @@ impl ComputeServer for WgpuServer {
         token: ProfileToken,
         stream: StreamId,
     ) -> DynFut<Result<ProfileDuration, ProfileError>> {
-        let Some(profile) = self.profiles.remove(&token.id) else {
-            return ready(Err(ProfileError::Unavailable(format!(
-                "profile token {} was not started on this server",
-                token.id
-            ))));
+        let (start, queries) = match self.profiles.end(token) {
+            Ok(p) => p,
+            Err(e) => return ready(Err(e)),
         };
-        let Some(set) = profile.queries else {
-            let done = self.sync(stream);
-            let start = profile.start;
-            return Box::pin(async move {
-                done.await?;
-                Ok(ProfileDuration {
-                    duration: start.elapsed(),
-                    timing: TimingMethod::Host,
-                })
-            });
+        let Some(set) = queries else {
+            return host_profile(start, self.sync(stream));
         };
         let recorded = (|| {
             self.push(Command::Timestamp {
@@ -1350,12 +1323,7 @@ impl ComputeServer for WgpuServer {
             if let Some(e) = errors.lock().pop_front() {
                 return Err(e.into());
             }
-            // One tick is the resolution: work that fits in it is reported as one tick.
-            let nanos = (ticks.max(1) as f64 * period).max(1.0);
-            Ok(ProfileDuration {
-                duration: Duration::from_nanos(nanos.round() as u64),
-                timing: TimingMethod::Device,
-            })
+            Ok(device_profile(ticks, period))
         })
     }
 

@@ -142,56 +142,91 @@ impl Linear {
     }
 }
 
-/// Record a global memory barrier between earlier and later compute/transfer work.
-pub(crate) fn barrier(ctx: &Context, cb: vk::CommandBuffer) {
+/// Stage sets of the barriers between commands: what earlier commands did (source) and what
+/// the next one does (destination).
+pub(crate) mod stage {
+    /// A compute dispatch (shader reads and writes).
+    pub(crate) const COMPUTE: u8 = 1;
+    /// A transfer command (buffer copies and fills).
+    pub(crate) const TRANSFER: u8 = 2;
+    /// A dispatch that reads its cube count from a buffer (destination only).
+    pub(crate) const INDIRECT: u8 = 4;
+    /// Anything: what a barrier assumes about commands it cannot see (an earlier submission, a
+    /// graph's command buffer) and what it orders before an unknown next command.
+    pub(crate) const ALL: u8 = COMPUTE | TRANSFER | INDIRECT;
+    /// The stages that write memory, of a set.
+    pub(crate) const fn writers(set: u8) -> u8 {
+        set & (COMPUTE | TRANSFER)
+    }
+}
+
+/// Record a global memory barrier that makes the writes of everything before it (stages `src`)
+/// visible to the work after it (stages `dst`).
+///
+/// Barriers chain: a command's stage is in the destination of the barrier before it and in the
+/// source of the barrier after it, and a visibility operation covers every write made available
+/// so far, so the barrier between two dispatches only names the compute stage.
+pub(crate) fn barrier_between(ctx: &Context, cb: vk::CommandBuffer, src: u8, dst: u8) {
+    let (mut src_stage, mut src_access) = (vk::PipelineStageFlags2::NONE, vk::AccessFlags2::NONE);
+    if src & stage::COMPUTE != 0 {
+        src_stage |= vk::PipelineStageFlags2::COMPUTE_SHADER;
+        src_access |= vk::AccessFlags2::SHADER_WRITE;
+    }
+    if src & stage::TRANSFER != 0 {
+        src_stage |= vk::PipelineStageFlags2::TRANSFER;
+        src_access |= vk::AccessFlags2::TRANSFER_WRITE;
+    }
+    let (mut dst_stage, mut dst_access) = (vk::PipelineStageFlags2::NONE, vk::AccessFlags2::NONE);
+    if dst & stage::COMPUTE != 0 {
+        dst_stage |= vk::PipelineStageFlags2::COMPUTE_SHADER;
+        dst_access |= vk::AccessFlags2::SHADER_READ | vk::AccessFlags2::SHADER_WRITE;
+    }
+    if dst & stage::TRANSFER != 0 {
+        dst_stage |= vk::PipelineStageFlags2::TRANSFER;
+        dst_access |= vk::AccessFlags2::TRANSFER_READ | vk::AccessFlags2::TRANSFER_WRITE;
+    }
+    if dst & stage::INDIRECT != 0 {
+        dst_stage |= vk::PipelineStageFlags2::DRAW_INDIRECT;
+        dst_access |= vk::AccessFlags2::INDIRECT_COMMAND_READ;
+    }
+    if src_stage.is_empty() || dst_stage.is_empty() {
+        return;
+    }
     let device = &ctx.device;
     if ctx.sync2 {
         let b = [vk::MemoryBarrier2::default()
-            .src_stage_mask(
-                vk::PipelineStageFlags2::COMPUTE_SHADER | vk::PipelineStageFlags2::TRANSFER,
-            )
-            .src_access_mask(vk::AccessFlags2::SHADER_WRITE | vk::AccessFlags2::TRANSFER_WRITE)
-            .dst_stage_mask(
-                vk::PipelineStageFlags2::COMPUTE_SHADER
-                    | vk::PipelineStageFlags2::TRANSFER
-                    | vk::PipelineStageFlags2::DRAW_INDIRECT,
-            )
-            .dst_access_mask(
-                vk::AccessFlags2::SHADER_READ
-                    | vk::AccessFlags2::SHADER_WRITE
-                    | vk::AccessFlags2::TRANSFER_READ
-                    | vk::AccessFlags2::TRANSFER_WRITE
-                    | vk::AccessFlags2::INDIRECT_COMMAND_READ,
-            )];
+            .src_stage_mask(src_stage)
+            .src_access_mask(src_access)
+            .dst_stage_mask(dst_stage)
+            .dst_access_mask(dst_access)];
         let dependency = vk::DependencyInfo::default().memory_barriers(&b);
         // SAFETY: `cb` is in the recording state (the callers' contract); synchronization2 is
         // enabled on the device.
         unsafe { device.cmd_pipeline_barrier2(cb, &dependency) };
         return;
     }
+    // The legacy flags have the same bit values as the first 32 bits of the 2 variants for every
+    // stage and access used here.
     let b = [vk::MemoryBarrier::default()
-        .src_access_mask(vk::AccessFlags::SHADER_WRITE | vk::AccessFlags::TRANSFER_WRITE)
-        .dst_access_mask(
-            vk::AccessFlags::SHADER_READ
-                | vk::AccessFlags::SHADER_WRITE
-                | vk::AccessFlags::TRANSFER_READ
-                | vk::AccessFlags::TRANSFER_WRITE
-                | vk::AccessFlags::INDIRECT_COMMAND_READ,
-        )];
+        .src_access_mask(vk::AccessFlags::from_raw(src_access.as_raw() as u32))
+        .dst_access_mask(vk::AccessFlags::from_raw(dst_access.as_raw() as u32))];
     // SAFETY: `cb` is in the recording state (the callers' contract).
     unsafe {
         device.cmd_pipeline_barrier(
             cb,
-            vk::PipelineStageFlags::COMPUTE_SHADER | vk::PipelineStageFlags::TRANSFER,
-            vk::PipelineStageFlags::COMPUTE_SHADER
-                | vk::PipelineStageFlags::TRANSFER
-                | vk::PipelineStageFlags::DRAW_INDIRECT,
+            vk::PipelineStageFlags::from_raw(src_stage.as_raw() as u32),
+            vk::PipelineStageFlags::from_raw(dst_stage.as_raw() as u32),
             vk::DependencyFlags::empty(),
             &b,
             &[],
             &[],
         );
     }
+}
+
+/// Record a global memory barrier between any earlier and any later compute/transfer work.
+pub(crate) fn barrier(ctx: &Context, cb: vk::CommandBuffer) {
+    barrier_between(ctx, cb, stage::ALL, stage::ALL);
 }
 
 /// Record a barrier that makes device writes visible to host reads after the submission.
@@ -353,8 +388,9 @@ pub(crate) struct Recorder {
     in_flight: VecDeque<InFlight>,
     /// Launch info and small uploads of the open batch.
     pub(crate) linear: Linear,
-    /// Whether the next command needs a barrier before it.
-    pub(crate) needs_barrier: bool,
+    /// Stages of the commands recorded since the last barrier (every stage at the start of a
+    /// batch: earlier submissions are not known here); the next command's barrier waits on them.
+    pending: u8,
     /// Launches recorded in the open batch.
     pub(crate) dispatches: usize,
     /// What the open command buffer has bound, so that repeated launches skip rebinding.
@@ -394,7 +430,7 @@ impl Recorder {
             keep: Vec::new(),
             in_flight: VecDeque::new(),
             linear: Linear::default(),
-            needs_barrier: true,
+            pending: stage::ALL,
             dispatches: 0,
             bound: Bound::default(),
         })
@@ -462,13 +498,15 @@ impl Recorder {
         Ok(cmd.cb)
     }
 
-    /// The open command buffer, ready for one more command (barrier recorded when needed).
-    pub(crate) fn command(&mut self) -> Result<vk::CommandBuffer, ServerError> {
+    /// The open command buffer, ready for one more command of the `next` stages (see [`stage`]),
+    /// after a barrier on what was recorded since the last one.
+    pub(crate) fn command(&mut self, next: u8) -> Result<vk::CommandBuffer, ServerError> {
         let cb = self.open()?;
-        if self.needs_barrier {
-            barrier(&self.ctx, cb);
+        if stage::writers(self.pending) != 0 {
+            barrier_between(&self.ctx, cb, self.pending, next);
+            self.pending = 0;
         }
-        self.needs_barrier = true;
+        self.pending |= stage::writers(next);
         Ok(cb)
     }
 
@@ -496,7 +534,7 @@ impl Recorder {
     pub(crate) fn append(&mut self, cb: vk::CommandBuffer) -> Result<(), ServerError> {
         self.close_current()?;
         self.segments.push(cb);
-        self.needs_barrier = true;
+        self.pending = stage::ALL;
         Ok(())
     }
 
@@ -518,7 +556,7 @@ impl Recorder {
                 .map(|s| Box::new(s) as Box<dyn Any + Send>),
         );
         let commands = core::mem::take(&mut self.owned);
-        self.needs_barrier = true;
+        self.pending = stage::ALL;
         self.dispatches = 0;
         let done = Completed { commands, keep };
         // Before submitting: right after, the driver may be busy starting this batch (lavapipe

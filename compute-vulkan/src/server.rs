@@ -30,7 +30,7 @@ use compute_core::{
 };
 use hashbrown::HashMap;
 
-use crate::batch::{CommandPool, Linear, Recorder, Staging, barrier};
+use crate::batch::{CommandPool, Linear, Recorder, Staging, barrier, stage};
 use crate::collective::{Collectives, Round};
 use crate::context::Context;
 use crate::descriptors::{DescriptorCache, Range};
@@ -698,7 +698,7 @@ impl VulkanServer {
         size: u64,
     ) -> Result<Staging, ServerError> {
         let staging = Staging::new(&self.ctx, size)?;
-        let cb = self.recorder.command()?;
+        let cb = self.recorder.command(stage::TRANSFER)?;
         // SAFETY: `cb` is recording; the regions lie inside both buffers.
         unsafe {
             self.ctx
@@ -722,7 +722,7 @@ impl VulkanServer {
     }
 
     fn timestamp(&mut self, pool: vk::QueryPool, index: u32) -> Result<(), ServerError> {
-        let cb = self.recorder.command()?;
+        let cb = self.recorder.command(stage::ALL)?;
         // SAFETY: `cb` is recording; the pool has 2 queries.
         unsafe {
             if index == 0 {
@@ -773,7 +773,7 @@ impl VulkanServer {
                 (capture.cb, &mut capture.linear, Some(&mut capture.keep))
             }
             None => {
-                let cb = self.recorder.command()?;
+                let cb = self.recorder.command(count.stages())?;
                 self.recorder.dispatches += 1;
                 (cb, &mut self.recorder.linear, None)
             }
@@ -960,6 +960,16 @@ enum DispatchCount {
     Dynamic { buffer: vk::Buffer, offset: u64 },
 }
 
+impl DispatchCount {
+    /// The stages the dispatch runs in (a dynamic count is read by the indirect stage first).
+    fn stages(self) -> u8 {
+        match self {
+            DispatchCount::Static(_) => stage::COMPUTE,
+            DispatchCount::Dynamic { .. } => stage::COMPUTE | stage::INDIRECT,
+        }
+    }
+}
+
 impl ComputeServer for VulkanServer {
     type Kernel = VulkanKernel;
     type Storage = VulkanStorage;
@@ -1046,7 +1056,7 @@ impl ComputeServer for VulkanServer {
                     );
                     rows
                 };
-            let cb = self.recorder.command()?;
+            let cb = self.recorder.command(stage::TRANSFER)?;
             // SAFETY: `cb` is recording; the regions lie inside the staging chunk and the block.
             unsafe {
                 self.ctx

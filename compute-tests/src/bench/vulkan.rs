@@ -423,23 +423,13 @@ fn dispatches(
 ) {
     let barrier2 = [vk::MemoryBarrier2::default()
         .src_stage_mask(vk::PipelineStageFlags2::COMPUTE_SHADER)
-        .src_access_mask(vk::AccessFlags2::SHADER_WRITE | vk::AccessFlags2::TRANSFER_WRITE)
+        .src_access_mask(vk::AccessFlags2::SHADER_WRITE)
         .dst_stage_mask(vk::PipelineStageFlags2::COMPUTE_SHADER)
-        .dst_access_mask(
-            vk::AccessFlags2::SHADER_READ
-                | vk::AccessFlags2::SHADER_WRITE
-                | vk::AccessFlags2::TRANSFER_READ
-                | vk::AccessFlags2::TRANSFER_WRITE,
-        )];
+        .dst_access_mask(vk::AccessFlags2::SHADER_READ | vk::AccessFlags2::SHADER_WRITE)];
     let dependency = vk::DependencyInfo::default().memory_barriers(&barrier2);
     let barrier = [vk::MemoryBarrier::default()
-        .src_access_mask(vk::AccessFlags::SHADER_WRITE | vk::AccessFlags::TRANSFER_WRITE)
-        .dst_access_mask(
-            vk::AccessFlags::SHADER_READ
-                | vk::AccessFlags::SHADER_WRITE
-                | vk::AccessFlags::TRANSFER_READ
-                | vk::AccessFlags::TRANSFER_WRITE,
-        )];
+        .src_access_mask(vk::AccessFlags::SHADER_WRITE)
+        .dst_access_mask(vk::AccessFlags::SHADER_READ | vk::AccessFlags::SHADER_WRITE)];
     // SAFETY: `cb` is recording; pipeline, layout and set are alive.
     unsafe {
         d.cmd_bind_pipeline(cb, vk::PipelineBindPoint::COMPUTE, p.pipeline);

@@ -1,6 +1,7 @@
 //! The CUDA server: a stream per `StreamId`, pools over device memory, a module cache, graphs by
 //! stream capture, NCCL collectives and event-timed profiles.
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 
 use compute_core::future::DynFut;
@@ -26,7 +27,7 @@ use crate::compiler::{self, CompiledKernel, Target};
 use crate::device::CudaDevice;
 use crate::driver::{Check, Context, Raw};
 use crate::kernel::CudaKernel;
-use crate::pinned::PinnedPool;
+use crate::pinned::{PinnedBuffer, PinnedPool};
 use crate::storage::{CUDA_ALIGNMENT, CudaResource, CudaStorage};
 use crate::stream::{EventPool, GraphExec, KeepAlive, StreamState};
 
@@ -41,6 +42,9 @@ const PAGEABLE_DIRECT: usize = 2 << 20;
 fn staging_chunk(len: usize) -> usize {
     (len / 8).clamp(1 << 20, 8 << 20).next_multiple_of(4096)
 }
+
+/// Pinned chunks in flight per large pageable write (see `write_staged`).
+const STAGING_RING: usize = 4;
 
 /// `dst.copy_from_slice(src)`, spread over the rayon pool in pieces of at least 256 KiB: one
 /// thread's memcpy is far below the PCIe / NVLink-C2C bandwidth a pinned copy reaches.
@@ -464,6 +468,78 @@ impl CudaServer {
         Ok(event)
     }
 
+    /// A large pageable write, staged chunk by chunk through a ring of [`STAGING_RING`] pinned
+    /// buffers: the host copy of one chunk overlaps the DMA of the ones before it, and a buffer is
+    /// reused once the event after its DMA completed, so a write of any size holds a few chunks of
+    /// pinned memory (not one per chunk, which made 1 GiB writes allocate pinned memory at
+    /// milliseconds per buffer). The last chunks' buffers go to `keep`.
+    fn write_staged(
+        &mut self,
+        stream: Raw<sys::CUstream>,
+        dst: sys::CUdeviceptr,
+        src: &[u8],
+        keep: &mut Vec<KeepAlive>,
+    ) -> Result<(), ServerError> {
+        let chunk = staging_chunk(src.len());
+        let mut ring: VecDeque<(Raw<sys::CUevent>, PinnedBuffer)> =
+            VecDeque::with_capacity(STAGING_RING);
+        let mut outcome = Ok(());
+        for (i, piece) in src.chunks(chunk).enumerate() {
+            let staging = match ring.len() {
+                STAGING_RING => ring.pop_front().map(|(event, buffer)| {
+                    // SAFETY: the event was recorded on `stream` after this buffer's copy.
+                    let done = unsafe { result::event::synchronize(event.0) }
+                        .check("waiting for a staging copy");
+                    self.events.give(event);
+                    done.map(|()| buffer)
+                }),
+                _ => None,
+            };
+            let staging = match staging {
+                Some(reused) => reused,
+                None => self.pinned.take(chunk.min(src.len())),
+            };
+            let step = staging.and_then(|mut staging| {
+                let staged =
+                    &mut compute_core::HostBuffer::as_bytes_mut(&mut staging)[..piece.len()];
+                parallel_copy(staged, piece);
+                let offset = (i * chunk) as u64;
+                let event = self.events.take()?;
+                // SAFETY: `staging` is pinned and stays in the ring (or `keep`) until the event
+                // recorded after this copy completed; the chunk lies inside the target
+                // (validated by the caller).
+                let copied = unsafe { result::memcpy_htod_async(dst + offset, staged, stream.0) };
+                let recorded = copied.and_then(|()| {
+                    // SAFETY: event and stream are alive.
+                    unsafe { result::event::record(event.0, stream.0) }
+                });
+                if let Err(e) = recorded.check("staging a pageable write") {
+                    self.events.give(event);
+                    // A copy enqueued above may still read `staging`, dropped with this error.
+                    // SAFETY: the stream is alive.
+                    let _ = unsafe { result::stream::synchronize(stream.0) };
+                    return Err(e);
+                }
+                ring.push_back((event, staging));
+                Ok(())
+            });
+            if let Err(e) = step {
+                outcome = Err(e);
+                break;
+            }
+        }
+        if outcome.is_err() {
+            // A copy may still read a ring buffer: let the stream drain before they are reused.
+            // SAFETY: the stream is alive.
+            let _ = unsafe { result::stream::synchronize(stream.0) };
+        }
+        for (event, buffer) in ring {
+            self.events.give(event);
+            keep.push(KeepAlive::Pinned(buffer));
+        }
+        outcome
+    }
+
     fn write_one(
         &mut self,
         stream: StreamId,
@@ -495,21 +571,8 @@ impl CudaServer {
             unsafe { result::memcpy_htod_async(target.ptr, src, raw.0) }
                 .check("cuMemcpyHtoDAsync")?;
         } else if contiguous && bytes.kind() != BytesKind::Pinned {
-            // Large pageable writes: staged chunk by chunk, so the host copy of one chunk overlaps
-            // the DMA of the previous one.
             let src = bytes.try_as_slice()?;
-            let chunk = staging_chunk(src.len());
-            for (i, piece) in src.chunks(chunk).enumerate() {
-                let mut staging = self.pinned.take(piece.len())?;
-                parallel_copy(compute_core::HostBuffer::as_bytes_mut(&mut staging), piece);
-                let staged = compute_core::HostBuffer::as_bytes(&staging);
-                let offset = (i * chunk) as u64;
-                // SAFETY: `staged` is pinned and kept alive until the copy completed; the chunk
-                // lies inside `target` (validated).
-                unsafe { result::memcpy_htod_async(target.ptr + offset, staged, raw.0) }
-                    .check("cuMemcpyHtoDAsync")?;
-                keep.push(KeepAlive::Pinned(staging));
-            }
+            self.write_staged(raw, target.ptr, src, &mut keep)?;
         } else {
             let (host, hold) = if bytes.kind() == BytesKind::Pinned {
                 let ptr = bytes.try_as_slice()?.as_ptr().cast_mut();

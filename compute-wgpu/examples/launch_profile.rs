@@ -2,7 +2,7 @@
 //! pass recording, `finish` and `submit` of the same shader, 2000 launches of one cube each.
 //!
 //! `cargo run --release -p compute-wgpu --example launch_profile` (set `REPS` to repeat longer,
-//! e.g. under `perf record`). Each figure is the best of `REPS` runs, in microseconds per launch.
+//! e.g. under `perf record`, with `OURS_ONLY` or `RAW_ONLY` set to run one side). Each figure is the best of `REPS` runs, in microseconds per launch.
 
 use std::time::Instant;
 
@@ -132,6 +132,11 @@ fn main() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(20);
-    ours(reps);
-    raw(reps);
+    // `OURS_ONLY` / `RAW_ONLY` run one side (for a profiler).
+    if std::env::var_os("RAW_ONLY").is_none() {
+        ours(reps);
+    }
+    if std::env::var_os("OURS_ONLY").is_none() {
+        raw(reps);
+    }
 }

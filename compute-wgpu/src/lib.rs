@@ -9,9 +9,11 @@
 //! device's queue (on a GPU the batch starts small after each wait and doubles while the host
 //! keeps filling it), with bind groups cached per (pipeline, bound ranges) and the launch info in
 //! one persistent buffer (dynamic offsets); reads go through staging buffers and `map_async`.
-//! `sync` and reads wait on the awaiting thread, which blocks in `device.poll` instead of
-//! spinning; profiles and collectives are completed by a poll thread, which also frees large
-//! host buffers that writes have copied out of.
+//! A submit thread per device encodes the batches into command buffers, submits them and
+//! performs the writes, in issue order (wgpu's `finish` and the freeing of finished command
+//! buffers are most of a launch's host cost; the caller's thread only records). `sync` and reads
+//! wait on the awaiting thread, which blocks in `device.poll` instead of spinning; profiles and
+//! collectives are completed by a poll thread, which also retires finished batches.
 //!
 //! ```no_run
 //! use compute_core::{Bytes, ComputeClient};
@@ -31,6 +33,7 @@ mod poller;
 mod runtime;
 mod server;
 mod storage;
+mod submitter;
 
 pub use device::{
     MIN_LOGICAL_DEVICES, WGPU_DEVICE_TYPE, WgpuDevice, adapter_count, availability, backends,

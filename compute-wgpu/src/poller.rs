@@ -4,8 +4,8 @@
 use std::sync::mpsc;
 use std::thread::JoinHandle;
 
+use compute_core::ServerError;
 use compute_core::future::Sender;
-use compute_core::{Bytes, ServerError};
 
 use crate::server::ErrorQueue;
 
@@ -15,9 +15,6 @@ enum Job {
         wgpu::SubmissionIndex,
         Option<Sender<Result<(), ServerError>>>,
     ),
-    /// Host bytes a write has copied out of: freed here, off the caller's thread (returning a
-    /// large allocation to the system costs about as much as copying it).
-    Release(Bytes),
 }
 
 /// A thread that blocks in `device.poll` for the submissions it is given.
@@ -26,7 +23,23 @@ pub(crate) struct Poller {
     thread: Option<JoinHandle<()>>,
 }
 
+/// A handle that queues waits on the poll thread (for threads other than the server's).
+#[derive(Clone)]
+pub(crate) struct Waiter(mpsc::Sender<Job>);
+
+impl Waiter {
+    /// Poll until `index` has completed (its failures go to the poll thread's error queue).
+    pub(crate) fn wait(&self, index: wgpu::SubmissionIndex) {
+        let _ = self.0.send(Job::Wait(index, None));
+    }
+}
+
 impl Poller {
+    /// A [`Waiter`] of this poll thread (none once it stopped).
+    pub(crate) fn waiter(&self) -> Option<Waiter> {
+        self.sender.clone().map(Waiter)
+    }
+
     /// Start the poll thread of `device`; poll failures go to `errors`.
     pub(crate) fn spawn(
         device: wgpu::Device,
@@ -42,14 +55,6 @@ impl Poller {
             sender: Some(sender),
             thread: Some(thread),
         })
-    }
-
-    /// Free `bytes` on the poll thread (after any wait queued before).
-    pub(crate) fn release(&self, bytes: Bytes) {
-        if let Some(sender) = &self.sender {
-            // A stopped thread hands the bytes back in the error: they are dropped here then.
-            let _ = sender.send(Job::Release(bytes));
-        }
     }
 
     /// Poll until `index` has completed; then send the outcome to `done`, if given.
@@ -71,13 +76,7 @@ impl Poller {
 
 fn run(device: wgpu::Device, receiver: mpsc::Receiver<Job>, errors: ErrorQueue) {
     while let Ok(job) = receiver.recv() {
-        let (index, done) = match job {
-            Job::Wait(index, done) => (index, done),
-            Job::Release(bytes) => {
-                drop(bytes);
-                continue;
-            }
-        };
+        let Job::Wait(index, done) = job;
         let outcome = device
             .poll(wgpu::PollType::Wait {
                 submission_index: Some(index),

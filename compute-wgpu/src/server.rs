@@ -36,6 +36,7 @@ use crate::device::{WgpuDevice, device_count};
 use crate::kernel::WgpuKernel;
 use crate::poller::Poller;
 use crate::storage::{WgpuResource, WgpuStorage};
+use crate::submitter::{Submitter, WritePart};
 
 /// Errors raised outside a call (validation errors wgpu reports late, failed polls), waiting for
 /// the next flush, sync or read.
@@ -133,9 +134,6 @@ impl ResolveCache {
     }
 }
 
-/// Host buffers of at least this many bytes handed to `write` are freed on the poll thread.
-const RELEASE_OFF_THREAD_BYTES: usize = 1 << 20;
-
 /// Backend information of a wgpu server.
 #[derive(Debug, Clone)]
 pub struct WgpuInfo {
@@ -190,13 +188,14 @@ pub struct WgpuServer {
     /// The pipeline of the last launch, found without hashing when the next one is the same.
     last_pipeline: Option<(KernelId, bool, Arc<Pipeline>)>,
     launch_infos: Vec<BufferLaunchInfo>,
-    encoder: Encoder,
     freed: FreedBuffers,
     next_pipeline: u64,
     graphs: HashMap<GraphId, WgpuGraph>,
     profiles: ProfileTable<wgpu::QuerySet>,
     errors: ErrorQueue,
     collectives: Collectives,
+    /// Dropped before the poll thread: it holds one of its waiters.
+    submitter: Submitter,
     poller: Poller,
 }
 
@@ -217,8 +216,39 @@ fn strided_span(shape: &[usize], strides: &[usize], elem_size: usize) -> usize {
     (last + 1) * elem_size
 }
 
-/// Write `data` at `offset` bytes into `target` with `queue.write_buffer`, which needs a 4-byte
-/// aligned offset and length: a length that is not is padded with zeros (inside the block).
+/// Plan the write of `len` bytes (from byte `from` of the host data) at `offset` bytes into
+/// `target`: `queue.write_buffer` needs a 4-byte aligned offset and length, so a length that is
+/// not is padded with zeros, which must stay inside the block.
+pub(crate) fn write_part(
+    target: &WgpuResource,
+    offset: u64,
+    from: usize,
+    len: usize,
+) -> Result<WritePart, ServerError> {
+    let at = target.offset + offset;
+    if !at.is_multiple_of(wgpu::COPY_BUFFER_ALIGNMENT) {
+        return Err(ServerError::Unsupported(format!(
+            "wgpu: a write at byte offset {at} of its buffer (wgpu copies need offsets that are multiples of {})",
+            wgpu::COPY_BUFFER_ALIGNMENT
+        )));
+    }
+    let padded = (len as u64).next_multiple_of(wgpu::COPY_BUFFER_ALIGNMENT);
+    if padded != len as u64 && at + padded > target.buffer.size() {
+        return Err(ServerError::Unsupported(format!(
+            "wgpu: a write of {len} bytes at the very end of a buffer of {} bytes (not a multiple of {})",
+            target.buffer.size(),
+            wgpu::COPY_BUFFER_ALIGNMENT
+        )));
+    }
+    Ok(WritePart {
+        at,
+        from,
+        len,
+        padded: padded as usize,
+    })
+}
+
+/// Write `data` at `offset` bytes into `target` with `queue.write_buffer` (see [`write_part`]).
 pub(crate) fn write_padded(
     queue: &wgpu::Queue,
     target: &WgpuResource,
@@ -228,29 +258,7 @@ pub(crate) fn write_padded(
     if data.is_empty() {
         return Ok(());
     }
-    let at = target.offset + offset;
-    if !at.is_multiple_of(wgpu::COPY_BUFFER_ALIGNMENT) {
-        return Err(ServerError::Unsupported(format!(
-            "wgpu: a write at byte offset {at} of its buffer (wgpu copies need offsets that are multiples of {})",
-            wgpu::COPY_BUFFER_ALIGNMENT
-        )));
-    }
-    let len = data.len() as u64;
-    if len.is_multiple_of(wgpu::COPY_BUFFER_ALIGNMENT) {
-        queue.write_buffer(&target.buffer, at, data);
-        return Ok(());
-    }
-    let padded = len.next_multiple_of(wgpu::COPY_BUFFER_ALIGNMENT);
-    if at + padded > target.buffer.size() {
-        return Err(ServerError::Unsupported(format!(
-            "wgpu: a write of {len} bytes at the very end of a buffer of {} bytes (not a multiple of {})",
-            target.buffer.size(),
-            wgpu::COPY_BUFFER_ALIGNMENT
-        )));
-    }
-    let mut tail = data.to_vec();
-    tail.resize(padded as usize, 0);
-    queue.write_buffer(&target.buffer, at, &tail);
+    write_part(target, offset, 0, data.len())?.apply(queue, &target.buffer, data);
     Ok(())
 }
 
@@ -323,6 +331,14 @@ impl WgpuServer {
             errors.clone(),
             format!("wgpu{}-poll", index.index),
         )?;
+        let submitter = Submitter::spawn(
+            device.clone(),
+            queue.clone(),
+            encoder,
+            errors.clone(),
+            poller.waiter(),
+            format!("wgpu{}-submit", index.index),
+        )?;
         Ok(Self {
             info: WgpuInfo {
                 device: index,
@@ -345,13 +361,13 @@ impl WgpuServer {
             resolved: ResolveCache::default(),
             last_pipeline: None,
             launch_infos: Vec::new(),
-            encoder,
             freed,
             next_pipeline: 1,
             graphs: HashMap::new(),
             profiles: ProfileTable::default(),
             errors,
             collectives: Collectives::default(),
+            submitter,
             poller,
         })
     }
@@ -440,24 +456,33 @@ impl WgpuServer {
         }
     }
 
-    /// Submit the batch, if it holds anything. No error scope here (it would cost every
-    /// submission a round trip): validation errors reach the device's uncaptured-error handler,
-    /// which queues them for the next flush, sync or read.
-    fn submit(&mut self) -> Result<Option<wgpu::SubmissionIndex>, ServerError> {
+    /// Hand the batch, if it holds anything, to the submit thread (which encodes and submits it)
+    /// and start a new one. No error scope (it would cost every submission a round trip):
+    /// validation errors reach the device's uncaptured-error handler, and submission errors the
+    /// error queue, reported at the next flush, sync or read.
+    fn submit(&mut self) -> Result<(), ServerError> {
         // The cached resources hold their blocks: let go of them at every submission.
         self.resolved.clear();
         if self.batch.is_empty() {
-            return Ok(None);
+            return Ok(());
         }
-        let encoded = self.encoder.encode(&self.device, &self.queue, &self.batch);
-        let index = encoded.map(|buffer| self.queue.submit([buffer]));
-        if index.is_err() || !self.errors.lock().is_empty() {
-            // A rejected submission may have dropped the info written for it.
-            self.encoder.forget_info();
-        }
-        // Keep the allocations of the batch for the next one.
-        self.batch.clear();
-        index.map(Some)
+        let batch = core::mem::replace(&mut self.batch, self.submitter.fresh_batch());
+        self.submitter.submit(batch)
+    }
+
+    /// Hand the batch over and wait until it is submitted: its submission index (with `always`,
+    /// an empty submission's when nothing was recorded, which also flushes pending writes).
+    fn submit_indexed(
+        &mut self,
+        always: bool,
+    ) -> Result<Option<wgpu::SubmissionIndex>, ServerError> {
+        self.resolved.clear();
+        let batch = if self.batch.is_empty() {
+            Batch::default()
+        } else {
+            core::mem::replace(&mut self.batch, self.submitter.fresh_batch())
+        };
+        self.submitter.submit_indexed(batch, always)
     }
 
     /// The device is about to be waited for: the next batch starts small again, so that the
@@ -466,14 +491,13 @@ impl WgpuServer {
         self.batch_limit.reset();
     }
 
-    /// Submit the batch (or an empty submission, which also flushes pending `write_buffer`s).
-    /// The caller waits for the submission: the batch limit starts over.
+    /// Submit the batch (or an empty submission, which also flushes pending `write_buffer`s)
+    /// and return its index. The caller waits for the submission: the batch limit starts over.
     fn submit_always(&mut self) -> Result<wgpu::SubmissionIndex, ServerError> {
         self.idle();
-        match self.submit()? {
-            Some(index) => Ok(index),
-            None => Ok(self.queue.submit([])),
-        }
+        self.submit_indexed(true)?.ok_or_else(|| {
+            ServerError::Driver("the wgpu submit thread returned no submission".into())
+        })
     }
 
     /// Record a command other than a launch.
@@ -861,11 +885,9 @@ impl ComputeServer for WgpuServer {
             if bytes.is_empty() {
                 continue;
             }
-            let data = bytes.try_as_slice()?;
-            // `write_buffer` lands before the next submission: submit what was recorded before.
-            self.submit()?;
+            let mut parts = Vec::new();
             if is_contiguous(&descriptor.shape, &descriptor.strides) {
-                write_padded(&self.queue, &target, 0, data)?;
+                parts.push(write_part(&target, 0, 0, bytes.len())?);
             } else {
                 let mut rows = Vec::new();
                 for_each_row(
@@ -877,18 +899,13 @@ impl ComputeServer for WgpuServer {
                     },
                 );
                 for (strided, compact, len) in rows {
-                    write_padded(
-                        &self.queue,
-                        &target,
-                        strided as u64,
-                        &data[compact..compact + len],
-                    )?;
+                    parts.push(write_part(&target, strided as u64, compact, len)?);
                 }
             }
-            // `write_buffer` has copied the bytes out: a large buffer is freed off this thread.
-            if bytes.len() >= RELEASE_OFF_THREAD_BYTES {
-                self.poller.release(bytes);
-            }
+            // `write_buffer` lands before the next submission: the batch recorded so far goes
+            // first, then the write, both on the submit thread (which also frees the bytes).
+            self.submit()?;
+            self.submitter.write(target.buffer.clone(), parts, bytes)?;
         }
         Ok(())
     }
@@ -918,7 +935,7 @@ impl ComputeServer for WgpuServer {
                 }
             }
             self.idle();
-            let index = self.submit()?;
+            let index = self.submit_indexed(false)?;
             Ok::<_, ServerError>((staged, index))
         })();
         let (staged, index) = match prepared {
@@ -1141,7 +1158,9 @@ impl ComputeServer for WgpuServer {
             Ok(index) => index,
             Err(e) => return ready(Err(e)),
         };
-        self.encoder.prune();
+        if let Err(e) = self.submitter.prune() {
+            return ready(Err(e));
+        }
         let device = self.device.clone();
         let errors = self.errors.clone();
         Box::pin(async move {
@@ -1167,7 +1186,8 @@ impl ComputeServer for WgpuServer {
         if let Some(state) = self.streams.get_mut(&stream) {
             state.memory.cleanup(true);
         }
-        self.encoder.prune();
+        // A stopped submit thread has nothing cached left to prune.
+        let _ = self.submitter.prune();
     }
 
     fn allocation_mode(&mut self, mode: MemoryAllocationMode, stream: StreamId) {

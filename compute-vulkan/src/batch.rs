@@ -3,9 +3,13 @@
 //! signals the timeline semaphore, and keeps the resources it uses alive until that value
 //! completes.
 //!
-//! Consecutive commands are separated by a global memory barrier (compute and transfer, plus
-//! indirect reads), and the first command after a submission has one too: barriers order against
+//! Consecutive commands are separated by a global memory barrier naming the stages involved, and
+//! the first command after a submission has one on every stage: barriers order against
 //! everything earlier in submission order, so work on the one queue runs in issue order.
+//!
+//! Commands are collected as [`Op`]s on the issuing thread; a submit thread records each batch
+//! into command buffers and submits it with a timeline value reserved when the batch was closed,
+//! so the caller can wait for that value at once (host waits may precede the signal's submission).
 
 use std::any::Any;
 use std::collections::VecDeque;
@@ -15,6 +19,8 @@ use ash::vk;
 use compute_core::ServerError;
 
 use crate::context::{Context, RawStaging};
+use crate::ops::{Op, Ops, Rec};
+use crate::server::ErrorQueue;
 
 /// Submissions in flight before recycling asks the driver what completed (otherwise waits tell).
 const RECYCLE_QUERY_AFTER: usize = 16;
@@ -229,25 +235,6 @@ pub(crate) fn barrier(ctx: &Context, cb: vk::CommandBuffer) {
     barrier_between(ctx, cb, stage::ALL, stage::ALL);
 }
 
-/// Record a barrier that makes device writes visible to host reads after the submission.
-fn host_barrier(device: &ash::Device, cb: vk::CommandBuffer) {
-    let b = [vk::MemoryBarrier::default()
-        .src_access_mask(vk::AccessFlags::SHADER_WRITE | vk::AccessFlags::TRANSFER_WRITE)
-        .dst_access_mask(vk::AccessFlags::HOST_READ)];
-    // SAFETY: `cb` is recording.
-    unsafe {
-        device.cmd_pipeline_barrier(
-            cb,
-            vk::PipelineStageFlags::COMPUTE_SHADER | vk::PipelineStageFlags::TRANSFER,
-            vk::PipelineStageFlags::HOST,
-            vk::DependencyFlags::empty(),
-            &b,
-            &[],
-            &[],
-        );
-    }
-}
-
 /// A command pool with its command buffers (destroyed with it).
 pub(crate) struct CommandPool {
     ctx: Arc<Context>,
@@ -308,30 +295,21 @@ impl Drop for CommandPool {
     }
 }
 
-/// A command buffer with a pool of its own, so that it can be reset (`vkResetCommandPool`) on
-/// another thread than the one recording the others.
+/// A command buffer with a pool of its own (reset with `vkResetCommandPool` before reuse).
 #[derive(Clone, Copy)]
 struct Cmd {
     pool: vk::CommandPool,
     cb: vk::CommandBuffer,
 }
 
-/// What a completed submission hands to the recycler thread.
-struct Completed {
-    commands: Vec<Cmd>,
-    keep: Vec<Box<dyn Any + Send>>,
-}
-
 /// One submission in flight: what must live until its timeline value completes.
 struct InFlight {
     value: u64,
-    done: Completed,
+    keep: Vec<Box<dyn Any + Send>>,
 }
 
 /// Drops what completed submissions kept alive (blocks, staging buffers, graphs), off the thread
-/// that issues work. Command buffers are reset by the issuing thread itself, right before reuse:
-/// drivers that allocate per recorded command (lavapipe) then reuse that memory from the same
-/// thread's allocator caches.
+/// that issues work.
 struct Recycler {
     sender: Option<std::sync::mpsc::Sender<Vec<Box<dyn Any + Send>>>>,
     thread: Option<std::thread::JoinHandle<()>>,
@@ -374,16 +352,258 @@ impl Recycler {
     }
 }
 
+/// Batches handed to the submit thread at most before the issuing thread waits for it.
+const MAX_QUEUED_BATCHES: usize = 8;
+
+/// Emptied command lists kept for reuse (their arenas keep their capacity).
+const MAX_SPARE_OPS: usize = 4;
+
+/// A batch for the submit thread: its commands and the timeline value reserved for it.
+struct Job {
+    ops: Ops,
+    value: u64,
+}
+
+/// The submit thread: records each batch's commands into command buffers of its own pools and
+/// submits them with the batch's reserved timeline value, in the order the batches came.
+///
+/// Recording is most of a launch's host cost in the driver (the NVIDIA driver spends about a
+/// microsecond on a barrier and a dispatch); here it runs beside the thread that issues work.
+struct Submitter {
+    sender: Option<std::sync::mpsc::SyncSender<Job>>,
+    spare: Arc<spin::Mutex<Vec<Ops>>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+struct SubmitWorker {
+    ctx: Arc<Context>,
+    family: u32,
+    errors: ErrorQueue,
+    spare: Arc<spin::Mutex<Vec<Ops>>>,
+    /// Command buffers of submissions in flight, by timeline value.
+    in_flight: VecDeque<(u64, Vec<Cmd>)>,
+    /// Command buffers whose submission completed, reset when reused.
+    completed: Vec<Cmd>,
+}
+
+impl Submitter {
+    fn spawn(ctx: &Arc<Context>, family: u32, errors: ErrorQueue) -> Result<Self, ServerError> {
+        let (sender, receiver) = std::sync::mpsc::sync_channel::<Job>(MAX_QUEUED_BATCHES);
+        let spare = Arc::new(spin::Mutex::new(Vec::new()));
+        let mut worker = SubmitWorker {
+            ctx: ctx.clone(),
+            family,
+            errors,
+            spare: spare.clone(),
+            in_flight: VecDeque::new(),
+            completed: Vec::new(),
+        };
+        let thread = std::thread::Builder::new()
+            .name("compute-vulkan submit".into())
+            .spawn(move || {
+                while let Ok(job) = receiver.recv() {
+                    worker.run(job);
+                }
+                worker.shutdown();
+            })
+            .map_err(|e| ServerError::Driver(format!("cannot start the submit thread: {e}")))?;
+        Ok(Self {
+            sender: Some(sender),
+            spare,
+            thread: Some(thread),
+        })
+    }
+
+    fn fresh_ops(&self) -> Ops {
+        self.spare.lock().pop().unwrap_or_default()
+    }
+
+    /// Hand `job` over; `false` when the thread has stopped (the job is dropped).
+    fn send(&self, job: Job) -> bool {
+        self.sender
+            .as_ref()
+            .is_some_and(|sender| sender.send(job).is_ok())
+    }
+
+    /// Let the thread finish every batch handed over, then stop it.
+    fn stop(&mut self) {
+        self.sender.take();
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+impl SubmitWorker {
+    fn run(&mut self, mut job: Job) {
+        let value = job.value;
+        let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            self.record_and_submit(&job.ops, value)
+        }));
+        let error = match outcome {
+            Ok(Ok(())) => None,
+            Ok(Err(e)) => Some(e),
+            Err(_) => Some(ServerError::Driver(
+                "the Vulkan submit thread panicked while recording a batch".into(),
+            )),
+        };
+        if let Some(e) = error {
+            // The error first, then the value: whoever waits for it finds the error after.
+            self.errors.lock().push_back(e);
+            self.ctx.abandon(value);
+        }
+        job.ops.clear();
+        let mut spare = self.spare.lock();
+        if spare.len() < MAX_SPARE_OPS {
+            spare.push(job.ops);
+        }
+    }
+
+    /// Command buffers of completed submissions go back to the free list.
+    fn reclaim(&mut self) {
+        let mut done = self.ctx.known_completed();
+        if self
+            .in_flight
+            .front()
+            .is_some_and(|(v, _)| *v > done && self.in_flight.len() > RECYCLE_QUERY_AFTER)
+        {
+            // Nobody waited lately: ask the driver, so that the list stays short.
+            done = self.ctx.completed().unwrap_or(done);
+        }
+        while self.in_flight.front().is_some_and(|(v, _)| *v <= done) {
+            if let Some((_, cmds)) = self.in_flight.pop_front() {
+                self.completed.extend(cmds);
+            }
+        }
+    }
+
+    /// A command buffer, begun for one submission.
+    fn begin(&mut self) -> Result<Cmd, ServerError> {
+        let device = &self.ctx.device;
+        let mut reused = None;
+        while let Some(cmd) = self.completed.pop() {
+            // SAFETY: the submission using `cmd` completed; its pool is only used here.
+            let reset =
+                unsafe { device.reset_command_pool(cmd.pool, vk::CommandPoolResetFlags::empty()) };
+            if reset.is_ok() {
+                reused = Some(cmd);
+                break;
+            }
+            // SAFETY: as above; a pool that cannot be reset is destroyed.
+            unsafe { device.destroy_command_pool(cmd.pool, None) };
+        }
+        let cmd = match reused {
+            Some(cmd) => cmd,
+            None => {
+                let info = vk::CommandPoolCreateInfo::default()
+                    .flags(vk::CommandPoolCreateFlags::TRANSIENT)
+                    .queue_family_index(self.family);
+                // SAFETY: a valid create info.
+                let pool = unsafe { device.create_command_pool(&info, None) }
+                    .map_err(|e| ServerError::Driver(format!("vkCreateCommandPool failed: {e}")))?;
+                let alloc = vk::CommandBufferAllocateInfo::default()
+                    .command_pool(pool)
+                    .level(vk::CommandBufferLevel::PRIMARY)
+                    .command_buffer_count(1);
+                // SAFETY: the pool is fresh and owned here.
+                match unsafe { device.allocate_command_buffers(&alloc) } {
+                    Ok(cbs) => Cmd { pool, cb: cbs[0] },
+                    Err(e) => {
+                        // SAFETY: unused.
+                        unsafe { device.destroy_command_pool(pool, None) };
+                        return Err(ServerError::Driver(format!(
+                            "vkAllocateCommandBuffers failed: {e}"
+                        )));
+                    }
+                }
+            }
+        };
+        let begin = vk::CommandBufferBeginInfo::default()
+            .flags(vk::CommandBufferUsageFlags::ONE_TIME_SUBMIT);
+        // SAFETY: the buffer is fresh or its pool was reset after its submission completed.
+        if let Err(e) = unsafe { device.begin_command_buffer(cmd.cb, &begin) } {
+            self.completed.push(cmd);
+            return Err(ServerError::Driver(format!(
+                "vkBeginCommandBuffer failed: {e}"
+            )));
+        }
+        Ok(cmd)
+    }
+
+    fn record_and_submit(&mut self, ops: &Ops, value: u64) -> Result<(), ServerError> {
+        self.reclaim();
+        let mut owned: Vec<Cmd> = Vec::new();
+        let mut segments: Vec<vk::CommandBuffer> = Vec::new();
+        let mut current: Option<vk::CommandBuffer> = None;
+        let recorded = (|| {
+            for op in &ops.ops {
+                if let Op::Execute(graph) = op {
+                    if let Some(cb) = current.take() {
+                        // SAFETY: `cb` is recording.
+                        unsafe { self.ctx.device.end_command_buffer(cb) }.map_err(|e| {
+                            ServerError::Driver(format!("vkEndCommandBuffer failed: {e}"))
+                        })?;
+                        segments.push(cb);
+                    }
+                    segments.push(*graph);
+                    continue;
+                }
+                let cb = match current {
+                    Some(cb) => cb,
+                    None => {
+                        let cmd = self.begin()?;
+                        owned.push(cmd);
+                        current = Some(cmd.cb);
+                        cmd.cb
+                    }
+                };
+                // SAFETY: `cb` is recording; the batch's owner keeps every object the commands
+                // name alive until `value` completed.
+                unsafe { ops.record(&self.ctx, cb, op) };
+            }
+            if let Some(cb) = current.take() {
+                // SAFETY: `cb` is recording.
+                unsafe { self.ctx.device.end_command_buffer(cb) }
+                    .map_err(|e| ServerError::Driver(format!("vkEndCommandBuffer failed: {e}")))?;
+                segments.push(cb);
+            }
+            Ok::<(), ServerError>(())
+        })();
+        let submitted = recorded.and_then(|()| self.ctx.submit_reserved(&segments, value));
+        match submitted {
+            Ok(()) => {
+                self.in_flight.push_back((value, owned));
+                Ok(())
+            }
+            Err(e) => {
+                // Nothing of the batch runs: its command buffers are free again.
+                self.completed.extend(owned);
+                Err(e)
+            }
+        }
+    }
+
+    fn shutdown(&mut self) {
+        // SAFETY: waiting for the device before destroying what its work may still use.
+        let _ = unsafe { self.ctx.device.device_wait_idle() };
+        let mut pools: Vec<Cmd> = self.completed.drain(..).collect();
+        for (_, cmds) in self.in_flight.drain(..) {
+            pools.extend(cmds);
+        }
+        for cmd in pools {
+            // SAFETY: the device is idle; nothing else uses these pools.
+            unsafe { self.ctx.device.destroy_command_pool(cmd.pool, None) };
+        }
+    }
+}
+
 /// The server's open batch and its submissions in flight.
 pub(crate) struct Recorder {
     ctx: Arc<Context>,
-    family: u32,
     recycler: Recycler,
-    /// Command buffers whose submission completed, reset when reused.
-    completed: Vec<Cmd>,
-    current: Option<Cmd>,
-    segments: Vec<vk::CommandBuffer>,
-    owned: Vec<Cmd>,
+    submitter: Submitter,
+    /// The open batch's commands.
+    pub(crate) ops: Ops,
     keep: Vec<Box<dyn Any + Send>>,
     in_flight: VecDeque<InFlight>,
     /// Launch info and small uploads of the open batch.
@@ -418,15 +638,17 @@ impl Bound {
 }
 
 impl Recorder {
-    pub(crate) fn new(ctx: &Arc<Context>, family: u32) -> Result<Self, ServerError> {
+    /// A recorder submitting on `family`'s queue; failures of the submit thread go to `errors`.
+    pub(crate) fn new(
+        ctx: &Arc<Context>,
+        family: u32,
+        errors: ErrorQueue,
+    ) -> Result<Self, ServerError> {
         Ok(Self {
             ctx: ctx.clone(),
-            family,
             recycler: Recycler::spawn()?,
-            completed: Vec::new(),
-            current: None,
-            segments: Vec::new(),
-            owned: Vec::new(),
+            submitter: Submitter::spawn(ctx, family, errors)?,
+            ops: Ops::default(),
             keep: Vec::new(),
             in_flight: VecDeque::new(),
             linear: Linear::default(),
@@ -438,76 +660,26 @@ impl Recorder {
 
     /// Whether the open batch holds anything.
     pub(crate) fn is_empty(&self) -> bool {
-        self.current.is_none() && self.segments.is_empty()
+        self.ops.is_empty()
     }
 
-    fn open(&mut self) -> Result<vk::CommandBuffer, ServerError> {
-        if let Some(cmd) = self.current {
-            return Ok(cmd.cb);
-        }
-        let mut reused = None;
-        while let Some(cmd) = self.completed.pop() {
-            // SAFETY: the submission using `cmd` completed; its pool is only used here.
-            let reset = unsafe {
-                self.ctx
-                    .device
-                    .reset_command_pool(cmd.pool, vk::CommandPoolResetFlags::empty())
-            };
-            if reset.is_ok() {
-                reused = Some(cmd);
-                break;
-            }
-            // SAFETY: as above; a pool that cannot be reset is destroyed.
-            unsafe { self.ctx.device.destroy_command_pool(cmd.pool, None) };
-        }
-        let cmd = match reused {
-            Some(cmd) => cmd,
-            None => {
-                let device = &self.ctx.device;
-                let info = vk::CommandPoolCreateInfo::default()
-                    .flags(vk::CommandPoolCreateFlags::TRANSIENT)
-                    .queue_family_index(self.family);
-                // SAFETY: a valid create info.
-                let pool = unsafe { device.create_command_pool(&info, None) }
-                    .map_err(|e| ServerError::Driver(format!("vkCreateCommandPool failed: {e}")))?;
-                let alloc = vk::CommandBufferAllocateInfo::default()
-                    .command_pool(pool)
-                    .level(vk::CommandBufferLevel::PRIMARY)
-                    .command_buffer_count(1);
-                // SAFETY: the pool is fresh and owned here.
-                match unsafe { device.allocate_command_buffers(&alloc) } {
-                    Ok(cbs) => Cmd { pool, cb: cbs[0] },
-                    Err(e) => {
-                        // SAFETY: unused.
-                        unsafe { device.destroy_command_pool(pool, None) };
-                        return Err(ServerError::Driver(format!(
-                            "vkAllocateCommandBuffers failed: {e}"
-                        )));
-                    }
-                }
-            }
-        };
-        let begin = vk::CommandBufferBeginInfo::default()
-            .flags(vk::CommandBufferUsageFlags::ONE_TIME_SUBMIT);
-        // SAFETY: the buffer is fresh or its pool was reset after its submission completed.
-        unsafe { self.ctx.device.begin_command_buffer(cmd.cb, &begin) }
-            .map_err(|e| ServerError::Driver(format!("vkBeginCommandBuffer failed: {e}")))?;
-        self.owned.push(cmd);
-        self.current = Some(cmd);
-        self.bound.forget();
-        Ok(cmd.cb)
+    /// The open batch, ready for one more command of the `next` stages (see [`stage`]), after
+    /// a barrier on what was recorded since the last one.
+    pub(crate) fn command(&mut self, next: u8) -> Rec<'_> {
+        self.barrier_for(next);
+        Rec::Deferred(&mut self.ops)
     }
 
-    /// The open command buffer, ready for one more command of the `next` stages (see [`stage`]),
-    /// after a barrier on what was recorded since the last one.
-    pub(crate) fn command(&mut self, next: u8) -> Result<vk::CommandBuffer, ServerError> {
-        let cb = self.open()?;
+    /// Record the barrier a command of the `next` stages needs (see [`Recorder::command`]).
+    pub(crate) fn barrier_for(&mut self, next: u8) {
         if stage::writers(self.pending) != 0 {
-            barrier_between(&self.ctx, cb, self.pending, next);
+            self.ops.push(Op::Barrier {
+                src: self.pending,
+                dst: next,
+            });
             self.pending = 0;
         }
         self.pending |= stage::writers(next);
-        Ok(cb)
     }
 
     /// Drop `value` on the recycler thread (large host buffers: their release takes a while).
@@ -520,34 +692,22 @@ impl Recorder {
         self.keep.push(Box::new(value));
     }
 
-    fn close_current(&mut self) -> Result<(), ServerError> {
-        if let Some(cmd) = self.current.take() {
-            // SAFETY: `cmd.cb` is recording.
-            unsafe { self.ctx.device.end_command_buffer(cmd.cb) }
-                .map_err(|e| ServerError::Driver(format!("vkEndCommandBuffer failed: {e}")))?;
-            self.segments.push(cmd.cb);
-        }
-        Ok(())
-    }
-
     /// Append a pre-recorded command buffer (a graph) to the batch, after what is recorded.
-    pub(crate) fn append(&mut self, cb: vk::CommandBuffer) -> Result<(), ServerError> {
-        self.close_current()?;
-        self.segments.push(cb);
+    pub(crate) fn append(&mut self, cb: vk::CommandBuffer) {
+        self.ops.push(Op::Execute(cb));
         self.pending = stage::ALL;
-        Ok(())
+        self.bound.forget();
     }
 
-    /// Submit the batch if it holds anything: the timeline value it signals.
+    /// Submit the batch if it holds anything: the timeline value it signals. The batch is
+    /// recorded and submitted on the submit thread; the value may be waited for at once.
     pub(crate) fn submit(&mut self) -> Result<Option<u64>, ServerError> {
         if self.is_empty() {
             return Ok(None);
         }
         // The host reads results after the timeline wait: make the batch's writes visible.
-        let cb = self.open()?;
-        host_barrier(&self.ctx.device, cb);
-        self.close_current()?;
-        let segments = core::mem::take(&mut self.segments);
+        self.ops.push(Op::HostBarrier);
+        let ops = core::mem::replace(&mut self.ops, self.submitter.fresh_ops());
         let mut keep = core::mem::take(&mut self.keep);
         keep.extend(
             self.linear
@@ -555,23 +715,22 @@ impl Recorder {
                 .into_iter()
                 .map(|s| Box::new(s) as Box<dyn Any + Send>),
         );
-        let commands = core::mem::take(&mut self.owned);
         self.pending = stage::ALL;
         self.dispatches = 0;
-        let done = Completed { commands, keep };
-        // Before submitting: right after, the driver may be busy starting this batch (lavapipe
-        // holds its queue lock then, and the counter query would wait for it).
+        self.bound.forget();
         self.recycle();
-        match self.ctx.submit(&segments) {
-            Ok(value) => {
-                self.in_flight.push_back(InFlight { value, done });
+        let value = self.ctx.reserve();
+        match self.submitter.send(Job { ops, value }) {
+            true => {
+                self.in_flight.push_back(InFlight { value, keep });
                 Ok(Some(value))
             }
-            Err(e) => {
-                // Nothing of the batch runs: release it at once.
-                self.completed.extend(done.commands);
-                self.recycler.send(done.keep);
-                Err(e)
+            false => {
+                self.ctx.abandon(value);
+                self.recycler.send(keep);
+                Err(ServerError::Driver(
+                    "the Vulkan submit thread stopped".into(),
+                ))
             }
         }
     }
@@ -599,11 +758,10 @@ impl Recorder {
         }
         while self.in_flight.front().is_some_and(|f| f.value <= done) {
             if let Some(f) = self.in_flight.pop_front() {
-                self.completed.extend(f.done.commands);
                 // Staging buffers go back to the pool here and now (cheap, and the next
                 // transfer wants them); the rest is released on the recycler thread.
-                let mut rest = Vec::with_capacity(f.done.keep.len());
-                for item in f.done.keep {
+                let mut rest = Vec::with_capacity(f.keep.len());
+                for item in f.keep {
                     match item.downcast::<Staging>() {
                         Ok(staging) => drop(staging),
                         Err(other) => rest.push(other),
@@ -620,7 +778,7 @@ impl Recorder {
         if !self.is_empty() {
             self.keep(value);
         } else if let Some(last) = self.in_flight.back_mut() {
-            last.done.keep.push(Box::new(value));
+            last.keep.push(Box::new(value));
         } else {
             // Nothing of this server is in flight; other submitters (collectives) are waited
             // for by the caller.
@@ -632,20 +790,16 @@ impl Recorder {
 impl Drop for Recorder {
     fn drop(&mut self) {
         let _ = self.submit();
+        // The submit thread submits what it was handed, waits for the device and frees its
+        // command buffers.
+        self.submitter.stop();
         // SAFETY: waiting for the device before releasing what its work may still use.
         let _ = unsafe { self.ctx.device.device_wait_idle() };
-        let mut pools: Vec<Cmd> = self.owned.drain(..).collect();
         for f in self.in_flight.drain(..) {
-            pools.extend(f.done.commands);
-            drop(f.done.keep);
+            drop(f.keep);
         }
         self.keep.clear();
         let _ = self.linear.take();
         self.recycler.stop();
-        pools.append(&mut self.completed);
-        for cmd in pools {
-            // SAFETY: the device is idle and the recycler has stopped.
-            unsafe { self.ctx.device.destroy_command_pool(cmd.pool, None) };
-        }
     }
 }

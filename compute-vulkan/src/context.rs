@@ -50,8 +50,10 @@ unsafe impl Send for RawStaging {}
 
 struct QueueState {
     queue: vk::Queue,
-    /// The value the next submission signals.
+    /// The value the next reservation gets.
     next: u64,
+    /// The highest value submitted (or abandoned): submissions happen in value order.
+    submitted: u64,
 }
 
 /// A logical device and what the server needs to know about it.
@@ -62,6 +64,8 @@ pub(crate) struct Context {
     /// drivers record without converting).
     pub(crate) sync2: bool,
     queue: Mutex<QueueState>,
+    /// Signalled when `submitted` moves (a submission waits for the values before its own).
+    turn: std::sync::Condvar,
     pub(crate) timeline: vk::Semaphore,
     /// Queue family of the queue.
     pub(crate) family: u32,
@@ -372,7 +376,12 @@ impl Context {
             device,
             push_descriptor,
             sync2: on(f13.synchronization2),
-            queue: Mutex::new(QueueState { queue, next: 1 }),
+            queue: Mutex::new(QueueState {
+                queue,
+                next: 1,
+                submitted: 0,
+            }),
+            turn: std::sync::Condvar::new(),
             timeline,
             family,
             properties,
@@ -406,10 +415,40 @@ impl Context {
 
     /// Submit `commands` in order; the submission signals the timeline with the returned value.
     ///
-    /// Every submission goes through here, so timeline values follow queue order.
+    /// Every submission goes through here or [`Context::submit_reserved`], so timeline values
+    /// follow queue order.
     pub(crate) fn submit(&self, commands: &[vk::CommandBuffer]) -> Result<u64, ServerError> {
+        let value = self.reserve();
+        self.submit_reserved(commands, value).map(|()| value)
+    }
+
+    /// Reserve the next timeline value for a submission made later with
+    /// [`Context::submit_reserved`] (or given up with [`Context::abandon`]). Host waits for it
+    /// may start at once.
+    pub(crate) fn reserve(&self) -> u64 {
         let mut q = self.queue.lock().unwrap_or_else(|p| p.into_inner());
         let value = q.next;
+        q.next += 1;
+        value
+    }
+
+    /// The queue, once every value below `value` was submitted or abandoned.
+    fn turn_of(&self, value: u64) -> std::sync::MutexGuard<'_, QueueState> {
+        let mut q = self.queue.lock().unwrap_or_else(|p| p.into_inner());
+        while q.submitted + 1 < value {
+            q = self.turn.wait(q).unwrap_or_else(|p| p.into_inner());
+        }
+        q
+    }
+
+    /// Submit `commands` signalling the reserved `value`, after the submissions of the values
+    /// before it. On failure the value is abandoned (see [`Context::abandon`]).
+    pub(crate) fn submit_reserved(
+        &self,
+        commands: &[vk::CommandBuffer],
+        value: u64,
+    ) -> Result<(), ServerError> {
+        let mut q = self.turn_of(value);
         let values = [value];
         let semaphores = [self.timeline];
         let mut timeline =
@@ -420,13 +459,42 @@ impl Context {
             .push_next(&mut timeline);
         // SAFETY: the queue is externally synchronised by the mutex; the command buffers are
         // executable and stay alive until `value` completes (their owners' contract).
-        unsafe {
+        let submitted = unsafe {
             self.device
                 .queue_submit(q.queue, &[submit], vk::Fence::null())
         }
-        .map_err(vk_err("vkQueueSubmit"))?;
-        q.next += 1;
-        Ok(value)
+        .map_err(vk_err("vkQueueSubmit"));
+        if submitted.is_err() {
+            drop(q);
+            self.abandon(value);
+            return submitted;
+        }
+        q.submitted = value;
+        drop(q);
+        self.turn.notify_all();
+        Ok(())
+    }
+
+    /// Give up the reserved `value`: nothing runs for it, and its waiters are released (the
+    /// host signals it once the submissions before it completed).
+    pub(crate) fn abandon(&self, value: u64) {
+        // Every value before this one was submitted (or abandoned), and none after it can be
+        // until it is marked below: signal it first, once the values before it completed (a
+        // signal must not overtake them).
+        drop(self.turn_of(value));
+        let _ = self.wait(value - 1);
+        let info = vk::SemaphoreSignalInfo::default()
+            .semaphore(self.timeline)
+            .value(value);
+        // SAFETY: the timeline semaphore of this device; `value` is above every value signalled
+        // so far (the ones before it completed, later ones wait for this one to be marked).
+        let _ = unsafe { self.device.signal_semaphore(&info) };
+        let mut q = self.queue.lock().unwrap_or_else(|p| p.into_inner());
+        if q.submitted < value {
+            q.submitted = value;
+        }
+        drop(q);
+        self.turn.notify_all();
     }
 
     /// The value of the latest submission (0 before the first).

@@ -14,10 +14,12 @@
 //!   device; pipelines cached per kernel and bounds-check mode, and a `VkPipelineCache` on disk
 //!   (`COMPUTE_VULKAN_CACHE_DIR`, else the user cache dir), keyed by device UUID and driver
 //!   version.
-//! - Execution: logical streams on one compute queue, batched command buffers (flushed on sync,
-//!   read and a threshold), push descriptors, a timeline semaphore for completion (reads and
-//!   syncs block in `vkWaitSemaphores`), timestamp queries for `profile`, graphs as pre-recorded
-//!   command buffers, collectives through host staging.
+//! - Execution: logical streams on one compute queue; commands are collected per batch (flushed
+//!   on sync, read and a threshold) and a submit thread records them into command buffers and
+//!   submits them with a timeline value reserved when the batch closed (the driver's recording
+//!   cost leaves the issuing thread; waits may start at once); barriers name only the stages
+//!   involved; push descriptors; reads and syncs block in `vkWaitSemaphores`; timestamp queries
+//!   for `profile`; graphs as pre-recorded command buffers; collectives through host staging.
 //! - Validation: `COMPUTE_VULKAN_VALIDATION=1` enables `VK_LAYER_KHRONOS_validation` with a
 //!   debug messenger; [`validation_message_count`] counts its warnings and errors.
 //!
@@ -36,6 +38,7 @@ mod context;
 mod descriptors;
 mod device;
 mod kernel;
+mod ops;
 mod pipeline;
 mod raw;
 mod runtime;

@@ -36,6 +36,7 @@ use crate::context::Context;
 use crate::descriptors::{DescriptorCache, Range};
 use crate::device::{VulkanDevice, device_count};
 use crate::kernel::VulkanKernel;
+use crate::ops::Rec;
 use crate::pipeline::{Pipeline, PipelineCache};
 use crate::spirv::{self, SpirvCaps};
 use crate::storage::{Block, Retired, VulkanResource, VulkanStorage};
@@ -378,7 +379,8 @@ impl VulkanServer {
             device: compute_core::Device::to_id(&device),
             server: NEXT_SERVER.fetch_add(1, core::sync::atomic::Ordering::Relaxed),
         };
-        let recorder = Recorder::new(&ctx, family)?;
+        let errors = ErrorQueue::default();
+        let recorder = Recorder::new(&ctx, family, errors.clone())?;
         let cache = PipelineCache::open(&ctx)?;
         let max_batch = max_batch(&ctx);
         Ok(Self {
@@ -401,7 +403,7 @@ impl VulkanServer {
             batch_grows: std::env::var_os("COMPUTE_VULKAN_MAX_BATCH").is_none(),
             graphs: HashMap::new(),
             profiles: ProfileTable::default(),
-            errors: ErrorQueue::default(),
+            errors,
             collectives: Collectives::default(),
             launch_infos: Vec::new(),
             words: Vec::new(),
@@ -698,13 +700,10 @@ impl VulkanServer {
         size: u64,
     ) -> Result<Staging, ServerError> {
         let staging = Staging::new(&self.ctx, size)?;
-        let cb = self.recorder.command(stage::TRANSFER)?;
-        // SAFETY: `cb` is recording; the regions lie inside both buffers.
-        unsafe {
-            self.ctx
-                .device
-                .cmd_copy_buffer(cb, src, staging.buffer(), regions)
-        };
+        // The regions lie inside both buffers; the staging buffer lives until the copy completed.
+        self.recorder
+            .command(stage::TRANSFER)
+            .copy(src, staging.buffer(), regions);
         Ok(staging)
     }
 
@@ -722,19 +721,12 @@ impl VulkanServer {
     }
 
     fn timestamp(&mut self, pool: vk::QueryPool, index: u32) -> Result<(), ServerError> {
-        let cb = self.recorder.command(stage::ALL)?;
-        // SAFETY: `cb` is recording; the pool has 2 queries.
-        unsafe {
-            if index == 0 {
-                self.ctx.device.cmd_reset_query_pool(cb, pool, 0, 2);
-            }
-            self.ctx.device.cmd_write_timestamp(
-                cb,
-                vk::PipelineStageFlags::BOTTOM_OF_PIPE,
-                pool,
-                index,
-            );
+        // The pool has 2 queries and is kept until the profile is read.
+        let mut rec = self.recorder.command(stage::ALL);
+        if index == 0 {
+            rec.reset_queries(pool, 0, 2);
         }
+        rec.timestamp(pool, index);
         Ok(())
     }
 
@@ -762,7 +754,7 @@ impl VulkanServer {
         } else {
             None
         };
-        let cb = match capture {
+        let (mut rec, linear, graph_keep) = match capture {
             Some(capture) => {
                 if capture.needs_barrier {
                     barrier(ctx, capture.cb);
@@ -770,15 +762,26 @@ impl VulkanServer {
                 capture.needs_barrier = true;
                 capture.keep.push(Box::new(pipeline.clone()));
                 capture.keep.push(Box::new(keep));
-                (capture.cb, &mut capture.linear, Some(&mut capture.keep))
+                (
+                    Rec::Direct(ctx, capture.cb),
+                    &mut capture.linear,
+                    Some(&mut capture.keep),
+                )
             }
             None => {
-                let cb = self.recorder.command(count.stages())?;
+                self.recorder.barrier_for(count.stages());
                 self.recorder.dispatches += 1;
-                (cb, &mut self.recorder.linear, None)
+                (
+                    Rec::Deferred(&mut self.recorder.ops),
+                    &mut self.recorder.linear,
+                    None,
+                )
             }
         };
-        let (cb, linear, graph_keep) = (cb.0, cb.1, cb.2);
+        let push_bytes = pipeline.push_constant_bytes as usize;
+        let mut push_stack = [0u8; 256];
+        let mut push_heap = Vec::new();
+        let push_block = push_block(push, push_bytes, &mut push_stack, &mut push_heap);
         if !pipeline.push_descriptors {
             let mut ranges = core::mem::take(&mut self.ranges);
             ranges.clear();
@@ -793,44 +796,24 @@ impl VulkanServer {
                 // A graph outlives cache clears: it keeps the pool of its sets.
                 keep.push(Box::new(pool.clone()));
             }
-            let device = &ctx.device;
-            let push_bytes = pipeline.push_constant_bytes as usize;
-            let mut push_stack = [0u8; 256];
-            let mut push_heap = Vec::new();
-            let push_block = push_block(push, push_bytes, &mut push_stack, &mut push_heap);
             // Graph captures record into their own command buffer: no state tracking there.
+            // The pipeline, the set (its pool is kept until the work completes) and every bound
+            // buffer are alive until the commands completed; skipped binds are already bound in
+            // the command buffer (same pipeline, hence same layout).
             let bound = &mut self.recorder.bound;
             let same_pipeline = tracked && bound.pipeline == pipeline.pipeline;
             let same_set = same_pipeline && bound.set == set;
             let same_push = same_pipeline && bound.push.as_slice() == push_block;
-            // SAFETY: `cb` is recording; the pipeline, the set (its pool is kept until the work
-            // completes) and every bound buffer are alive until the command buffer completes.
-            // Skipped binds are already bound in `cb` (same pipeline, hence same layout).
-            unsafe {
-                if !same_pipeline {
-                    device.cmd_bind_pipeline(cb, vk::PipelineBindPoint::COMPUTE, pipeline.pipeline);
-                }
-                if !descriptors.is_empty() && !same_set {
-                    device.cmd_bind_descriptor_sets(
-                        cb,
-                        vk::PipelineBindPoint::COMPUTE,
-                        pipeline.layout,
-                        0,
-                        &[set],
-                        &[],
-                    );
-                }
-                if !push_block.is_empty() && !same_push {
-                    device.cmd_push_constants(
-                        cb,
-                        pipeline.layout,
-                        vk::ShaderStageFlags::COMPUTE,
-                        0,
-                        push_block,
-                    );
-                }
-                dispatch(device, cb, count);
+            if !same_pipeline {
+                rec.bind_pipeline(pipeline.pipeline);
             }
+            if !descriptors.is_empty() && !same_set {
+                rec.bind_set(pipeline.layout, set);
+            }
+            if !push_block.is_empty() && !same_push {
+                rec.push_constants(pipeline.layout, push_block);
+            }
+            record_count(&mut rec, count);
             if tracked {
                 bound.pipeline = pipeline.pipeline;
                 bound.set = set;
@@ -841,9 +824,6 @@ impl VulkanServer {
             }
             return Ok(());
         }
-        let Some(push_descriptor) = ctx.push_descriptor.as_ref() else {
-            unreachable!("push descriptor pipelines are only built where the extension exists")
-        };
         if graph_keep.is_none() {
             self.recorder.bound.forget();
         }
@@ -862,55 +842,35 @@ impl VulkanServer {
         // Launches with few buffers (nearly all) build their writes on the stack.
         const STACK_WRITES: usize = 16;
         let total = descriptors.len() + usize::from(info_descriptor.is_some());
-        let mut stack = [vk::WriteDescriptorSet::default(); STACK_WRITES];
-        let mut heap = Vec::new();
-        let writes: &mut [vk::WriteDescriptorSet] = if total <= STACK_WRITES {
-            &mut stack[..total]
-        } else {
-            heap.resize(total, vk::WriteDescriptorSet::default());
-            &mut heap
-        };
+        let mut bindings = [0u32; STACK_WRITES];
+        let mut infos = [vk::DescriptorBufferInfo::default(); STACK_WRITES];
+        let (mut heap_bindings, mut heap_infos) = (Vec::new(), Vec::new());
+        let (bindings, infos): (&mut [u32], &mut [vk::DescriptorBufferInfo]) =
+            if total <= STACK_WRITES {
+                (&mut bindings[..total], &mut infos[..total])
+            } else {
+                heap_bindings.resize(total, 0);
+                heap_infos.resize(total, vk::DescriptorBufferInfo::default());
+                (&mut heap_bindings, &mut heap_infos)
+            };
         for (k, d) in descriptors.iter().enumerate() {
-            writes[k] = vk::WriteDescriptorSet::default()
-                .dst_binding(k as u32)
-                .descriptor_type(vk::DescriptorType::STORAGE_BUFFER)
-                .buffer_info(core::slice::from_ref(d));
+            bindings[k] = k as u32;
+            infos[k] = *d;
         }
-        if let Some(d) = &info_descriptor {
-            writes[descriptors.len()] = vk::WriteDescriptorSet::default()
-                .dst_binding(pipeline.info_binding)
-                .descriptor_type(vk::DescriptorType::STORAGE_BUFFER)
-                .buffer_info(core::slice::from_ref(d));
+        if let Some(d) = info_descriptor {
+            bindings[descriptors.len()] = pipeline.info_binding;
+            infos[descriptors.len()] = d;
         }
-        let device = &ctx.device;
-        let push_bytes = pipeline.push_constant_bytes as usize;
-        let mut push_stack = [0u8; 256];
-        let mut push_heap = Vec::new();
-        let push_block = push_block(push, push_bytes, &mut push_stack, &mut push_heap);
-        // SAFETY: `cb` is recording; the pipeline, its layout and every bound buffer are alive
-        // until the command buffer completes (pipelines are cached, blocks are freed late).
-        unsafe {
-            device.cmd_bind_pipeline(cb, vk::PipelineBindPoint::COMPUTE, pipeline.pipeline);
-            if !writes.is_empty() {
-                push_descriptor.cmd_push_descriptor_set(
-                    cb,
-                    vk::PipelineBindPoint::COMPUTE,
-                    pipeline.layout,
-                    0,
-                    writes,
-                );
-            }
-            if !push_block.is_empty() {
-                device.cmd_push_constants(
-                    cb,
-                    pipeline.layout,
-                    vk::ShaderStageFlags::COMPUTE,
-                    0,
-                    push_block,
-                );
-            }
-            dispatch(device, cb, count);
+        // The pipeline, its layout and every bound buffer are alive until the commands completed
+        // (pipelines are cached, blocks are freed late).
+        rec.bind_pipeline(pipeline.pipeline);
+        if !bindings.is_empty() {
+            rec.push_descriptors(pipeline.layout, bindings, infos);
         }
+        if !push_block.is_empty() {
+            rec.push_constants(pipeline.layout, push_block);
+        }
+        record_count(&mut rec, count);
         Ok(())
     }
 }
@@ -938,19 +898,11 @@ fn push_block<'a>(
     dst
 }
 
-/// Record the dispatch itself.
-///
-/// # Safety
-/// `cb` is recording with a compute pipeline and its descriptors bound.
-unsafe fn dispatch(device: &ash::Device, cb: vk::CommandBuffer, count: DispatchCount) {
-    // SAFETY: the caller's contract.
-    unsafe {
-        match count {
-            DispatchCount::Static([x, y, z]) => device.cmd_dispatch(cb, x, y, z),
-            DispatchCount::Dynamic { buffer, offset } => {
-                device.cmd_dispatch_indirect(cb, buffer, offset)
-            }
-        }
+/// Record the dispatch itself (after the pipeline and its descriptors).
+fn record_count(rec: &mut Rec<'_>, count: DispatchCount) {
+    match count {
+        DispatchCount::Static(xyz) => rec.dispatch(xyz),
+        DispatchCount::Dynamic { buffer, offset } => rec.dispatch_indirect(buffer, offset),
     }
 }
 
@@ -1056,13 +1008,10 @@ impl ComputeServer for VulkanServer {
                     );
                     rows
                 };
-            let cb = self.recorder.command(stage::TRANSFER)?;
-            // SAFETY: `cb` is recording; the regions lie inside the staging chunk and the block.
-            unsafe {
-                self.ctx
-                    .device
-                    .cmd_copy_buffer(cb, src, target.buffer, &regions)
-            };
+            // The regions lie inside the staging chunk and the block.
+            self.recorder
+                .command(stage::TRANSFER)
+                .copy(src, target.buffer, &regions);
             self.recorder.dispatches += 1;
             if bytes.len() >= RELEASE_OFF_THREAD_BYTES {
                 // The data is in staging now; freeing a large host buffer (unmapping its pages)
@@ -1441,7 +1390,7 @@ impl ComputeServer for VulkanServer {
             }
         };
         // The graph's first command is a barrier against earlier work.
-        self.recorder.append(cb)?;
+        self.recorder.append(cb);
         self.recorder.dispatches += 1;
         self.after_command()
     }

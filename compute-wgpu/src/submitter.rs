@@ -25,6 +25,9 @@ use crate::server::ErrorQueue;
 /// the recorded work (and host bytes of writes) in flight.
 const MAX_QUEUED_JOBS: usize = 16;
 
+/// Host buffers of at least this many bytes handed to a write are freed on the poll thread.
+const RELEASE_OFF_THREAD_BYTES: usize = 1 << 20;
+
 /// Emptied batches kept for reuse (their arenas keep their capacity).
 const MAX_SPARE_BATCHES: usize = 4;
 
@@ -262,6 +265,13 @@ impl Worker {
                 let data = bytes.try_as_slice()?;
                 for part in parts {
                     part.apply(&self.queue, &buffer, &data[part.from..part.from + part.len]);
+                }
+                // `write_buffer` has copied the bytes out: a large buffer is freed on the poll
+                // thread, not before the jobs queued behind this one.
+                if let Some(waiter) = &self.waiter
+                    && bytes.len() >= RELEASE_OFF_THREAD_BYTES
+                {
+                    waiter.release(bytes);
                 }
                 Ok(())
             }

@@ -36,15 +36,59 @@ use crate::stream::{EventPool, GraphExec, KeepAlive, StreamState};
 /// staging 11.6) but falls to 6-8 GB/s from 64 MiB on (our staging 31-44).
 const PAGEABLE_DIRECT: usize = 2 << 20;
 
-/// Size of the pinned chunks a pageable write of `len` bytes is staged through: about an eighth of
-/// the write (so the host copy of one chunk overlaps the DMA of the one before, and the last
-/// chunk's DMA, which nothing overlaps, is short), 1 to 8 MiB.
-fn staging_chunk(len: usize) -> usize {
-    (len / 8).clamp(1 << 20, 8 << 20).next_multiple_of(4096)
+/// How large pageable writes are staged: pieces of about `len / divisor` bytes (clamped to
+/// `min..=max`) through a ring of `ring` pinned buffers. Smaller pieces shorten the start (the
+/// first piece's host copy) and the end (the last piece's DMA), which nothing overlaps; larger
+/// ones cost fewer calls per byte. `COMPUTE_CUDA_STAGING="divisor,min_kib,max_kib,ring"`
+/// overrides the defaults (for tuning on a given host).
+#[derive(Debug, Clone, Copy)]
+struct StagingPlan {
+    divisor: usize,
+    min: usize,
+    max: usize,
+    ring: usize,
 }
 
-/// Pinned chunks in flight per large pageable write (see `write_staged`).
-const STAGING_RING: usize = 4;
+impl StagingPlan {
+    fn get() -> Self {
+        static PLAN: std::sync::OnceLock<StagingPlan> = std::sync::OnceLock::new();
+        *PLAN.get_or_init(|| {
+            let default = StagingPlan {
+                divisor: 8,
+                min: 1 << 20,
+                max: 8 << 20,
+                ring: 4,
+            };
+            let Ok(text) = std::env::var("COMPUTE_CUDA_STAGING") else {
+                return default;
+            };
+            let parts: Vec<usize> = text
+                .split(',')
+                .filter_map(|p| p.trim().parse().ok())
+                .collect();
+            match parts[..] {
+                [divisor, min_kib, max_kib, ring]
+                    if divisor > 0 && min_kib > 0 && max_kib >= min_kib && ring > 0 =>
+                {
+                    StagingPlan {
+                        divisor,
+                        min: min_kib << 10,
+                        max: max_kib << 10,
+                        ring,
+                    }
+                }
+                _ => default,
+            }
+        })
+    }
+
+    /// Size of the pinned pieces a pageable write of `len` bytes is staged through.
+    fn chunk(&self, len: usize) -> usize {
+        (len / self.divisor)
+            .clamp(self.min, self.max)
+            .next_multiple_of(4096)
+    }
+}
 
 /// `dst.copy_from_slice(src)`, spread over the rayon pool in pieces of at least 256 KiB: one
 /// thread's memcpy is far below the PCIe / NVLink-C2C bandwidth a pinned copy reaches.
@@ -468,7 +512,7 @@ impl CudaServer {
         Ok(event)
     }
 
-    /// A large pageable write, staged chunk by chunk through a ring of [`STAGING_RING`] pinned
+    /// A large pageable write, staged chunk by chunk through a ring of a few pinned
     /// buffers: the host copy of one chunk overlaps the DMA of the ones before it, and a buffer is
     /// reused once the event after its DMA completed, so a write of any size holds a few chunks of
     /// pinned memory (not one per chunk, which made 1 GiB writes allocate pinned memory at
@@ -480,20 +524,22 @@ impl CudaServer {
         src: &[u8],
         keep: &mut Vec<KeepAlive>,
     ) -> Result<(), ServerError> {
-        let chunk = staging_chunk(src.len());
+        let plan = StagingPlan::get();
+        let chunk = plan.chunk(src.len());
         let mut ring: VecDeque<(Raw<sys::CUevent>, PinnedBuffer)> =
-            VecDeque::with_capacity(STAGING_RING);
+            VecDeque::with_capacity(plan.ring);
         let mut outcome = Ok(());
         for (i, piece) in src.chunks(chunk).enumerate() {
-            let staging = match ring.len() {
-                STAGING_RING => ring.pop_front().map(|(event, buffer)| {
+            let staging = if ring.len() >= plan.ring {
+                ring.pop_front().map(|(event, buffer)| {
                     // SAFETY: the event was recorded on `stream` after this buffer's copy.
                     let done = unsafe { result::event::synchronize(event.0) }
                         .check("waiting for a staging copy");
                     self.events.give(event);
                     done.map(|()| buffer)
-                }),
-                _ => None,
+                })
+            } else {
+                None
             };
             let staging = match staging {
                 Some(reused) => reused,

@@ -695,7 +695,9 @@ fn bandwidth(client: &ComputeClient<VulkanRuntime>, raw: &Raw, size: usize) -> R
             &format!("copy kernel {mib} MiB f32x4 (read+write), same kernel raw"),
             gb(ours_copy, 2 * size),
             "GB/s",
-            &format!("raw ash, same SPIR-V: {COPY_REPS} dispatches of {mib} MiB (barriers between) + submit + fence wait"),
+            &format!(
+                "raw ash, same SPIR-V: {COPY_REPS} dispatches of {mib} MiB (barriers between) + submit + fence wait"
+            ),
             gb(raw_kernel, 2 * size),
             Better::Higher,
         ),

@@ -29,7 +29,7 @@ use crate::driver::{Check, Context, Raw};
 use crate::kernel::CudaKernel;
 use crate::pinned::{PinnedBuffer, PinnedPool};
 use crate::storage::{CUDA_ALIGNMENT, CudaResource, CudaStorage};
-use crate::stream::{EventPool, GraphExec, KeepAlive, StreamState};
+use crate::stream::{EventPool, GraphExec, KeepAlive, StreamState, WaitEvent, WaitEvents};
 
 /// Writes up to this size go straight from pageable memory (the driver stages them at once).
 /// Measured on the H200 host: the driver's own pageable path reaches 17 GB/s at 1 MiB (our
@@ -267,6 +267,7 @@ pub struct CudaServer {
     pool_config: MemoryPoolsConfig,
     streams: HashMap<StreamId, StreamState>,
     events: EventPool,
+    waits: Arc<WaitEvents>,
     pinned: Arc<PinnedPool>,
     kernels: HashMap<(KernelId, bool), Arc<CompiledKernel>>,
     graphs: HashMap<GraphId, CudaGraph>,
@@ -300,6 +301,7 @@ impl CudaServer {
             driver: crate::driver::driver_version(),
         };
         let pinned = PinnedPool::new(context.clone());
+        let waits = WaitEvents::new(context.clone());
         Ok(Self {
             device,
             owner: HandleOwner {
@@ -312,6 +314,7 @@ impl CudaServer {
             pool_config: MemoryPoolsConfig::default(),
             streams: HashMap::new(),
             events: EventPool::default(),
+            waits,
             pinned,
             kernels: HashMap::new(),
             graphs: HashMap::new(),
@@ -478,37 +481,26 @@ impl CudaServer {
         Ok(compiled)
     }
 
-    /// A future completing when `event` (recorded just before) completed; destroys it then.
+    /// A future completing when `event` (recorded just before) completed; the event goes back to
+    /// its pool then.
     fn event_future(
         &self,
-        event: Raw<sys::CUevent>,
+        event: WaitEvent,
     ) -> impl core::future::Future<Output = Result<(), ServerError>> + Send + 'static {
         let context = self.context.clone();
         async move {
-            let event = event;
             context.bind()?;
             // SAFETY: the event was recorded and is owned by this future.
-            let outcome =
-                unsafe { result::event::synchronize(event.0) }.check("waiting for the stream");
-            // SAFETY: owned by this future, destroyed once.
-            let _ = unsafe { result::event::destroy(event.0) };
-            outcome
+            unsafe { result::event::synchronize(event.raw()) }.check("waiting for the stream")
         }
     }
 
-    /// Record a fresh event on `stream` (for a future to wait on).
-    fn record_fresh(&mut self, stream: StreamId) -> Result<Raw<sys::CUevent>, ServerError> {
+    /// Record a wait event on `stream` (for a future to wait on).
+    fn record_fresh(&mut self, stream: StreamId) -> Result<WaitEvent, ServerError> {
         let raw = self.stream(stream)?.raw;
-        let event = Raw(
-            result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
-                .check("cuEventCreate")?,
-        );
+        let event = self.waits.take()?;
         // SAFETY: event and stream are alive.
-        if let Err(e) = unsafe { result::event::record(event.0, raw.0) }.check("cuEventRecord") {
-            // SAFETY: created above, never recorded.
-            let _ = unsafe { result::event::destroy(event.0) };
-            return Err(e);
-        }
+        unsafe { result::event::record(event.raw(), raw.0) }.check("cuEventRecord")?;
         Ok(event)
     }
 

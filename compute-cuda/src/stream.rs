@@ -7,7 +7,7 @@ use compute_core::memory::MemoryManagement;
 use compute_core::{Binding, Bytes, ServerError};
 use cudarc::driver::{result, sys};
 
-use crate::driver::{Check, Raw};
+use crate::driver::{Check, Context, Raw};
 use crate::pinned::PinnedBuffer;
 use crate::storage::CudaStorage;
 
@@ -61,6 +61,83 @@ impl Drop for EventPool {
         for e in self.free.drain(..) {
             // SAFETY: pooled events are referenced by nothing else.
             let _ = unsafe { result::event::destroy(e.0) };
+        }
+    }
+}
+
+/// Events that the futures of reads and syncs wait on, reused from one to the next (creating and
+/// destroying an event costs about as much as a small copy). At most [`MAX_WAIT_EVENTS`] are
+/// kept.
+pub(crate) struct WaitEvents {
+    context: std::sync::Arc<Context>,
+    free: spin::Mutex<Vec<Raw<sys::CUevent>>>,
+}
+
+/// Free wait events kept at most.
+const MAX_WAIT_EVENTS: usize = 64;
+
+/// An event of a [`WaitEvents`] pool, back in it when dropped.
+pub(crate) struct WaitEvent {
+    event: Raw<sys::CUevent>,
+    pool: std::sync::Arc<WaitEvents>,
+}
+
+impl WaitEvents {
+    pub(crate) fn new(context: std::sync::Arc<Context>) -> std::sync::Arc<Self> {
+        std::sync::Arc::new(Self {
+            context,
+            free: spin::Mutex::new(Vec::new()),
+        })
+    }
+
+    /// An event (not recorded yet).
+    pub(crate) fn take(self: &std::sync::Arc<Self>) -> Result<WaitEvent, ServerError> {
+        let reused = self.free.lock().pop();
+        let event = match reused {
+            Some(event) => event,
+            None => Raw(
+                result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
+                    .check("cuEventCreate")?,
+            ),
+        };
+        Ok(WaitEvent {
+            event,
+            pool: self.clone(),
+        })
+    }
+}
+
+impl WaitEvent {
+    /// The raw event.
+    pub(crate) fn raw(&self) -> sys::CUevent {
+        self.event.0
+    }
+}
+
+impl Drop for WaitEvent {
+    fn drop(&mut self) {
+        let mut free = self.pool.free.lock();
+        if free.len() < MAX_WAIT_EVENTS {
+            free.push(self.event);
+            return;
+        }
+        drop(free);
+        if self.pool.context.bind().is_ok() {
+            // SAFETY: owned by this value alone; re-recording or destroying a pending event is
+            // allowed (the destruction completes once it has).
+            let _ = unsafe { result::event::destroy(self.event.0) };
+        }
+    }
+}
+
+impl Drop for WaitEvents {
+    fn drop(&mut self) {
+        if self.context.bind().is_err() {
+            return;
+        }
+        for event in self.free.get_mut().drain(..) {
+            // SAFETY: pooled events are referenced by nothing else.
+            let _ = unsafe { result::event::destroy(event.0) };
         }
     }
 }

@@ -372,7 +372,17 @@ struct Job {
 struct Submitter {
     sender: Option<std::sync::mpsc::SyncSender<Job>>,
     spare: Arc<spin::Mutex<Vec<Ops>>>,
+    /// The thread's state, also used by the issuing thread for batches it is about to wait for
+    /// when nothing is queued (two thread wake-ups less per sync or read).
+    worker: Arc<std::sync::Mutex<SubmitWorker>>,
+    /// Batches handed over and not submitted yet.
+    queued: Arc<std::sync::atomic::AtomicUsize>,
     thread: Option<std::thread::JoinHandle<()>>,
+}
+
+/// The worker, also after a panic (batches catch theirs; the state stays consistent).
+fn lock(worker: &std::sync::Mutex<SubmitWorker>) -> std::sync::MutexGuard<'_, SubmitWorker> {
+    worker.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 struct SubmitWorker {
@@ -390,26 +400,31 @@ impl Submitter {
     fn spawn(ctx: &Arc<Context>, family: u32, errors: ErrorQueue) -> Result<Self, ServerError> {
         let (sender, receiver) = std::sync::mpsc::sync_channel::<Job>(MAX_QUEUED_BATCHES);
         let spare = Arc::new(spin::Mutex::new(Vec::new()));
-        let mut worker = SubmitWorker {
+        let worker = Arc::new(std::sync::Mutex::new(SubmitWorker {
             ctx: ctx.clone(),
             family,
             errors,
             spare: spare.clone(),
             in_flight: VecDeque::new(),
             completed: Vec::new(),
-        };
+        }));
+        let queued = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let (thread_worker, thread_queued) = (worker.clone(), queued.clone());
         let thread = std::thread::Builder::new()
             .name("compute-vulkan submit".into())
             .spawn(move || {
                 while let Ok(job) = receiver.recv() {
-                    worker.run(job);
+                    lock(&thread_worker).run(job);
+                    thread_queued.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
                 }
-                worker.shutdown();
+                lock(&thread_worker).shutdown();
             })
             .map_err(|e| ServerError::Driver(format!("cannot start the submit thread: {e}")))?;
         Ok(Self {
             sender: Some(sender),
             spare,
+            worker,
+            queued,
             thread: Some(thread),
         })
     }
@@ -418,11 +433,24 @@ impl Submitter {
         self.spare.lock().pop().unwrap_or_default()
     }
 
-    /// Hand `job` over; `false` when the thread has stopped (the job is dropped).
-    fn send(&self, job: Job) -> bool {
-        self.sender
-            .as_ref()
-            .is_some_and(|sender| sender.send(job).is_ok())
+    /// Hand `job` over (or, with `now` and nothing queued, record and submit it on this
+    /// thread: the order stays, as only this thread hands batches over); `false` when the thread
+    /// has stopped (the job is dropped).
+    fn send(&self, job: Job, now: bool) -> bool {
+        use std::sync::atomic::Ordering;
+        let Some(sender) = &self.sender else {
+            return false;
+        };
+        if now && self.queued.load(Ordering::Acquire) == 0 {
+            lock(&self.worker).run(job);
+            return true;
+        }
+        self.queued.fetch_add(1, Ordering::AcqRel);
+        let sent = sender.send(job).is_ok();
+        if !sent {
+            self.queued.fetch_sub(1, Ordering::AcqRel);
+        }
+        sent
     }
 
     /// Let the thread finish every batch handed over, then stop it.
@@ -702,6 +730,16 @@ impl Recorder {
     /// Submit the batch if it holds anything: the timeline value it signals. The batch is
     /// recorded and submitted on the submit thread; the value may be waited for at once.
     pub(crate) fn submit(&mut self) -> Result<Option<u64>, ServerError> {
+        self.submit_inner(false)
+    }
+
+    /// [`Recorder::submit`], for a caller about to wait for the batch: recorded and submitted on
+    /// this thread when the submit thread has nothing queued.
+    fn submit_now(&mut self) -> Result<Option<u64>, ServerError> {
+        self.submit_inner(true)
+    }
+
+    fn submit_inner(&mut self, now: bool) -> Result<Option<u64>, ServerError> {
         if self.is_empty() {
             return Ok(None);
         }
@@ -720,7 +758,7 @@ impl Recorder {
         self.bound.forget();
         self.recycle();
         let value = self.ctx.reserve();
-        match self.submitter.send(Job { ops, value }) {
+        match self.submitter.send(Job { ops, value }, now) {
             true => {
                 self.in_flight.push_back(InFlight { value, keep });
                 Ok(Some(value))
@@ -737,7 +775,7 @@ impl Recorder {
 
     /// Submit the batch, or return the value of the latest submission when it is empty.
     pub(crate) fn submit_or_last(&mut self) -> Result<u64, ServerError> {
-        match self.submit()? {
+        match self.submit_now()? {
             Some(v) => Ok(v),
             None => Ok(self.ctx.last_submitted()),
         }

@@ -12,6 +12,7 @@
 //! after that, on the caller's side.
 
 use std::panic::AssertUnwindSafe;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, mpsc};
 use std::thread::JoinHandle;
 
@@ -82,6 +83,11 @@ enum Job {
 pub(crate) struct Submitter {
     sender: Option<mpsc::SyncSender<Job>>,
     spare: Arc<spin::Mutex<Vec<Batch>>>,
+    /// The thread's state, also used by the server's thread for submissions it waits for when
+    /// nothing is queued (two thread wake-ups less per sync or read).
+    worker: Arc<std::sync::Mutex<Worker>>,
+    /// Jobs handed over and not finished yet.
+    queued: Arc<AtomicUsize>,
     thread: Option<JoinHandle<()>>,
 }
 
@@ -92,6 +98,11 @@ struct Worker {
     errors: ErrorQueue,
     waiter: Option<Waiter>,
     spare: Arc<spin::Mutex<Vec<Batch>>>,
+}
+
+/// The worker, also after a panic (jobs catch theirs; the state stays consistent).
+fn lock(worker: &std::sync::Mutex<Worker>) -> std::sync::MutexGuard<'_, Worker> {
+    worker.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 fn stopped() -> ServerError {
@@ -111,19 +122,22 @@ impl Submitter {
     ) -> Result<Self, ServerError> {
         let (sender, receiver) = mpsc::sync_channel::<Job>(MAX_QUEUED_JOBS);
         let spare = Arc::new(spin::Mutex::new(Vec::new()));
-        let mut worker = Worker {
+        let worker = Arc::new(std::sync::Mutex::new(Worker {
             device,
             queue,
             encoder,
             errors,
             waiter,
             spare: spare.clone(),
-        };
+        }));
+        let queued = Arc::new(AtomicUsize::new(0));
+        let (thread_worker, thread_queued) = (worker.clone(), queued.clone());
         let thread = std::thread::Builder::new()
             .name(name)
             .spawn(move || {
                 while let Ok(job) = receiver.recv() {
-                    worker.run(job);
+                    lock(&thread_worker).run(job);
+                    thread_queued.fetch_sub(1, Ordering::AcqRel);
                 }
             })
             .map_err(|e| {
@@ -132,6 +146,8 @@ impl Submitter {
         Ok(Self {
             sender: Some(sender),
             spare,
+            worker,
+            queued,
             thread: Some(thread),
         })
     }
@@ -142,11 +158,12 @@ impl Submitter {
     }
 
     fn send(&self, job: Job) -> Result<(), ServerError> {
-        self.sender
-            .as_ref()
-            .ok_or_else(stopped)?
-            .send(job)
-            .map_err(|_| stopped())
+        let sender = self.sender.as_ref().ok_or_else(stopped)?;
+        self.queued.fetch_add(1, Ordering::AcqRel);
+        sender.send(job).map_err(|_| {
+            self.queued.fetch_sub(1, Ordering::AcqRel);
+            stopped()
+        })
     }
 
     /// Hand `batch` over for encoding and submission; returns at once (unless the thread is
@@ -167,11 +184,18 @@ impl Submitter {
         always: bool,
     ) -> Result<Option<wgpu::SubmissionIndex>, ServerError> {
         let (reply, answer) = mpsc::sync_channel(1);
-        self.send(Job::Submit {
+        let job = Job::Submit {
             batch,
             always,
             reply: Some(reply),
-        })?;
+        };
+        if self.queued.load(Ordering::Acquire) == 0 {
+            // Nothing is queued or running (only this thread hands jobs over): submitting here
+            // keeps the order and spares the caller, who waits anyway, two thread hand-offs.
+            lock(&self.worker).run(job);
+        } else {
+            self.send(job)?;
+        }
         answer.recv().map_err(|_| stopped())?
     }
 

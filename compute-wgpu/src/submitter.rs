@@ -84,10 +84,15 @@ pub(crate) struct Submitter {
     sender: Option<mpsc::SyncSender<Job>>,
     spare: Arc<spin::Mutex<Vec<Batch>>>,
     /// The thread's state, also used by the server's thread for submissions it waits for when
-    /// nothing is queued (two thread wake-ups less per sync or read).
+    /// nothing is queued and `inline` is set.
     worker: Arc<std::sync::Mutex<Worker>>,
     /// Jobs handed over and not finished yet.
     queued: Arc<AtomicUsize>,
+    /// Whether waited-for submissions run on the server's thread when nothing is queued
+    /// (`COMPUTE_WGPU_INLINE_SUBMIT=1`). Off by default: on the H200's NVIDIA Vulkan driver it
+    /// raised launch+sync latency from 73-81 to 169-215 us (raw wgpu: 52-63), while on
+    /// lavapipe it made no clear difference.
+    inline: bool,
     thread: Option<JoinHandle<()>>,
 }
 
@@ -148,6 +153,7 @@ impl Submitter {
             spare,
             worker,
             queued,
+            inline: std::env::var("COMPUTE_WGPU_INLINE_SUBMIT").is_ok_and(|v| v == "1"),
             thread: Some(thread),
         })
     }
@@ -189,7 +195,7 @@ impl Submitter {
             always,
             reply: Some(reply),
         };
-        if self.queued.load(Ordering::Acquire) == 0 {
+        if self.inline && self.queued.load(Ordering::Acquire) == 0 {
             // Nothing is queued or running (only this thread hands jobs over): submitting here
             // keeps the order and spares the caller, who waits anyway, two thread hand-offs.
             lock(&self.worker).run(job);

@@ -377,6 +377,9 @@ struct Submitter {
     worker: Arc<std::sync::Mutex<SubmitWorker>>,
     /// Batches handed over and not submitted yet.
     queued: Arc<std::sync::atomic::AtomicUsize>,
+    /// Whether waited-for batches may be submitted on the issuing thread
+    /// (`COMPUTE_VULKAN_INLINE_SUBMIT=0` turns it off).
+    inline: bool,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
@@ -425,6 +428,7 @@ impl Submitter {
             spare,
             worker,
             queued,
+            inline: std::env::var("COMPUTE_VULKAN_INLINE_SUBMIT").map_or(true, |v| v != "0"),
             thread: Some(thread),
         })
     }
@@ -441,7 +445,7 @@ impl Submitter {
         let Some(sender) = &self.sender else {
             return false;
         };
-        if now && self.queued.load(Ordering::Acquire) == 0 {
+        if now && self.inline && self.queued.load(Ordering::Acquire) == 0 {
             lock(&self.worker).run(job);
             return true;
         }

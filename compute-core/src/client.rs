@@ -876,13 +876,15 @@ impl<R: Runtime> ComputeClient<R> {
     }
 
     /// Ask the client to release memory that it can release: the free pages of this stream's pools
-    /// (see [`stream_memory_usage`](Self::stream_memory_usage)).
+    /// (see [`stream_memory_usage`](Self::stream_memory_usage)), and the large host buffers kept
+    /// for reuse by reads (see [`bytes::trim_host_cache`](crate::bytes::trim_host_cache)).
     ///
     /// Results vary with what the allocator deems beneficial; it is not guaranteed that any memory
     /// is freed.
     pub fn memory_cleanup(&self) {
         let stream = self.stream_id();
         self.with_server(|s| s.memory_cleanup(stream));
+        crate::bytes::trim_host_cache();
     }
 
     /// Install a new dynamic-pool layout for the device's main memory.

@@ -35,6 +35,7 @@ pub mod runtime;
 pub mod server;
 pub mod storage;
 pub mod stream;
+pub mod submit;
 pub mod throughput;
 
 pub use bytes::{Bytes, BytesKind, HostBuffer};

@@ -21,6 +21,7 @@ use compute_core::ServerError;
 use crate::context::{Context, RawStaging};
 use crate::ops::{Op, Ops, Rec};
 use crate::server::ErrorQueue;
+use compute_core::submit::{Spares, SubmitThread, SubmitWorker};
 
 /// Submissions in flight before recycling asks the driver what completed (otherwise waits tell).
 const RECYCLE_QUERY_AFTER: usize = 16;
@@ -370,29 +371,19 @@ struct Job {
 /// Recording is most of a launch's host cost in the driver (the NVIDIA driver spends about a
 /// microsecond on a barrier and a dispatch); here it runs beside the thread that issues work.
 struct Submitter {
-    sender: Option<std::sync::mpsc::SyncSender<Job>>,
-    spare: Arc<spin::Mutex<Vec<Ops>>>,
-    /// The thread's state, also used by the issuing thread for batches it is about to wait for
-    /// when nothing is queued (two thread wake-ups less per sync or read).
-    worker: Arc<std::sync::Mutex<SubmitWorker>>,
-    /// Batches handed over and not submitted yet.
-    queued: Arc<std::sync::atomic::AtomicUsize>,
-    /// Whether waited-for batches may be submitted on the issuing thread
-    /// (`COMPUTE_VULKAN_INLINE_SUBMIT=0` turns it off).
+    thread: SubmitThread<Worker>,
+    spare: Arc<Spares<Ops>>,
+    /// Whether waited-for batches may be submitted on the issuing thread when nothing is queued
+    /// (two thread wake-ups less per sync or read; `COMPUTE_VULKAN_INLINE_SUBMIT=0` turns it
+    /// off).
     inline: bool,
-    thread: Option<std::thread::JoinHandle<()>>,
 }
 
-/// The worker, also after a panic (batches catch theirs; the state stays consistent).
-fn lock(worker: &std::sync::Mutex<SubmitWorker>) -> std::sync::MutexGuard<'_, SubmitWorker> {
-    worker.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-struct SubmitWorker {
+struct Worker {
     ctx: Arc<Context>,
     family: u32,
     errors: ErrorQueue,
-    spare: Arc<spin::Mutex<Vec<Ops>>>,
+    spare: Arc<Spares<Ops>>,
     /// Command buffers of submissions in flight, by timeline value.
     in_flight: VecDeque<(u64, Vec<Cmd>)>,
     /// Command buffers whose submission completed, reset when reused.
@@ -401,72 +392,50 @@ struct SubmitWorker {
 
 impl Submitter {
     fn spawn(ctx: &Arc<Context>, family: u32, errors: ErrorQueue) -> Result<Self, ServerError> {
-        let (sender, receiver) = std::sync::mpsc::sync_channel::<Job>(MAX_QUEUED_BATCHES);
-        let spare = Arc::new(spin::Mutex::new(Vec::new()));
-        let worker = Arc::new(std::sync::Mutex::new(SubmitWorker {
+        let spare = Arc::new(Spares::new(MAX_SPARE_OPS));
+        let worker = Worker {
             ctx: ctx.clone(),
             family,
             errors,
             spare: spare.clone(),
             in_flight: VecDeque::new(),
             completed: Vec::new(),
-        }));
-        let queued = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-        let (thread_worker, thread_queued) = (worker.clone(), queued.clone());
-        let thread = std::thread::Builder::new()
-            .name("compute-vulkan submit".into())
-            .spawn(move || {
-                while let Ok(job) = receiver.recv() {
-                    lock(&thread_worker).run(job);
-                    thread_queued.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
-                }
-                lock(&thread_worker).shutdown();
-            })
-            .map_err(|e| ServerError::Driver(format!("cannot start the submit thread: {e}")))?;
+        };
         Ok(Self {
-            sender: Some(sender),
+            thread: SubmitThread::spawn(
+                "compute-vulkan submit".into(),
+                MAX_QUEUED_BATCHES,
+                worker,
+            )?,
             spare,
-            worker,
-            queued,
             inline: std::env::var("COMPUTE_VULKAN_INLINE_SUBMIT").map_or(true, |v| v != "0"),
-            thread: Some(thread),
         })
     }
 
     fn fresh_ops(&self) -> Ops {
-        self.spare.lock().pop().unwrap_or_default()
+        self.spare.take()
     }
 
     /// Hand `job` over (or, with `now` and nothing queued, record and submit it on this
-    /// thread: the order stays, as only this thread hands batches over); `false` when the thread
-    /// has stopped (the job is dropped).
+    /// thread); `false` when the thread has stopped (the job is dropped).
     fn send(&self, job: Job, now: bool) -> bool {
-        use std::sync::atomic::Ordering;
-        let Some(sender) = &self.sender else {
-            return false;
+        let job = if now && self.inline {
+            self.thread.run_here_if_idle(job)
+        } else {
+            Some(job)
         };
-        if now && self.inline && self.queued.load(Ordering::Acquire) == 0 {
-            lock(&self.worker).run(job);
-            return true;
-        }
-        self.queued.fetch_add(1, Ordering::AcqRel);
-        let sent = sender.send(job).is_ok();
-        if !sent {
-            self.queued.fetch_sub(1, Ordering::AcqRel);
-        }
-        sent
+        job.is_none_or(|job| self.thread.send(job).is_none())
     }
 
     /// Let the thread finish every batch handed over, then stop it.
     fn stop(&mut self) {
-        self.sender.take();
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
+        self.thread.stop();
     }
 }
 
-impl SubmitWorker {
+impl SubmitWorker for Worker {
+    type Job = Job;
+
     fn run(&mut self, mut job: Job) {
         let value = job.value;
         let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
@@ -485,12 +454,15 @@ impl SubmitWorker {
             self.ctx.abandon(value);
         }
         job.ops.clear();
-        let mut spare = self.spare.lock();
-        if spare.len() < MAX_SPARE_OPS {
-            spare.push(job.ops);
-        }
+        self.spare.give(job.ops);
     }
 
+    fn finish(&mut self) {
+        self.shutdown();
+    }
+}
+
+impl Worker {
     /// Command buffers of completed submissions go back to the free list.
     fn reclaim(&mut self) {
         let mut done = self.ctx.known_completed();

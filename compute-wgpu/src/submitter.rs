@@ -12,10 +12,9 @@
 //! after that, on the caller's side.
 
 use std::panic::AssertUnwindSafe;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, mpsc};
-use std::thread::JoinHandle;
 
+use compute_core::submit::{Spares, SubmitThread, SubmitWorker};
 use compute_core::{Bytes, ServerError};
 
 use crate::batch::{Batch, Encoder};
@@ -81,19 +80,13 @@ enum Job {
 
 /// The server's side of the submit thread.
 pub(crate) struct Submitter {
-    sender: Option<mpsc::SyncSender<Job>>,
-    spare: Arc<spin::Mutex<Vec<Batch>>>,
-    /// The thread's state, also used by the server's thread for submissions it waits for when
-    /// nothing is queued and `inline` is set.
-    worker: Arc<std::sync::Mutex<Worker>>,
-    /// Jobs handed over and not finished yet.
-    queued: Arc<AtomicUsize>,
+    thread: SubmitThread<Worker>,
+    spare: Arc<Spares<Batch>>,
     /// Whether waited-for submissions run on the server's thread when nothing is queued
     /// (`COMPUTE_WGPU_INLINE_SUBMIT=1`). Off by default: on the H200's NVIDIA Vulkan driver it
     /// raised launch+sync latency from 73-81 to 169-215 us (raw wgpu: 52-63), while on
     /// lavapipe it made no clear difference.
     inline: bool,
-    thread: Option<JoinHandle<()>>,
 }
 
 struct Worker {
@@ -102,12 +95,7 @@ struct Worker {
     encoder: Encoder,
     errors: ErrorQueue,
     waiter: Option<Waiter>,
-    spare: Arc<spin::Mutex<Vec<Batch>>>,
-}
-
-/// The worker, also after a panic (jobs catch theirs; the state stays consistent).
-fn lock(worker: &std::sync::Mutex<Worker>) -> std::sync::MutexGuard<'_, Worker> {
-    worker.lock().unwrap_or_else(|p| p.into_inner())
+    spare: Arc<Spares<Batch>>,
 }
 
 fn stopped() -> ServerError {
@@ -125,51 +113,32 @@ impl Submitter {
         waiter: Option<Waiter>,
         name: String,
     ) -> Result<Self, ServerError> {
-        let (sender, receiver) = mpsc::sync_channel::<Job>(MAX_QUEUED_JOBS);
-        let spare = Arc::new(spin::Mutex::new(Vec::new()));
-        let worker = Arc::new(std::sync::Mutex::new(Worker {
+        let spare = Arc::new(Spares::new(MAX_SPARE_BATCHES));
+        let worker = Worker {
             device,
             queue,
             encoder,
             errors,
             waiter,
             spare: spare.clone(),
-        }));
-        let queued = Arc::new(AtomicUsize::new(0));
-        let (thread_worker, thread_queued) = (worker.clone(), queued.clone());
-        let thread = std::thread::Builder::new()
-            .name(name)
-            .spawn(move || {
-                while let Ok(job) = receiver.recv() {
-                    lock(&thread_worker).run(job);
-                    thread_queued.fetch_sub(1, Ordering::AcqRel);
-                }
-            })
-            .map_err(|e| {
-                ServerError::Driver(format!("cannot start the wgpu submit thread: {e}"))
-            })?;
+        };
         Ok(Self {
-            sender: Some(sender),
+            thread: SubmitThread::spawn(name, MAX_QUEUED_JOBS, worker)?,
             spare,
-            worker,
-            queued,
             inline: std::env::var("COMPUTE_WGPU_INLINE_SUBMIT").is_ok_and(|v| v == "1"),
-            thread: Some(thread),
         })
     }
 
     /// An empty batch to record into (a reused one when there is one).
     pub(crate) fn fresh_batch(&self) -> Batch {
-        self.spare.lock().pop().unwrap_or_default()
+        self.spare.take()
     }
 
     fn send(&self, job: Job) -> Result<(), ServerError> {
-        let sender = self.sender.as_ref().ok_or_else(stopped)?;
-        self.queued.fetch_add(1, Ordering::AcqRel);
-        sender.send(job).map_err(|_| {
-            self.queued.fetch_sub(1, Ordering::AcqRel);
-            stopped()
-        })
+        match self.thread.send(job) {
+            None => Ok(()),
+            Some(_) => Err(stopped()),
+        }
     }
 
     /// Hand `batch` over for encoding and submission; returns at once (unless the thread is
@@ -195,11 +164,13 @@ impl Submitter {
             always,
             reply: Some(reply),
         };
-        if self.inline && self.queued.load(Ordering::Acquire) == 0 {
-            // Nothing is queued or running (only this thread hands jobs over): submitting here
-            // keeps the order and spares the caller, who waits anyway, two thread hand-offs.
-            lock(&self.worker).run(job);
+        // With `inline`, submitted here when the thread is idle: the caller waits anyway.
+        let job = if self.inline {
+            self.thread.run_here_if_idle(job)
         } else {
+            Some(job)
+        };
+        if let Some(job) = job {
             self.send(job)?;
         }
         answer.recv().map_err(|_| stopped())?
@@ -225,16 +196,9 @@ impl Submitter {
     }
 }
 
-impl Drop for Submitter {
-    fn drop(&mut self) {
-        drop(self.sender.take());
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
-    }
-}
+impl SubmitWorker for Worker {
+    type Job = Job;
 
-impl Worker {
     /// Run one job; a panic inside wgpu becomes an error on the queue (and the job's answer),
     /// and the thread goes on.
     fn run(&mut self, job: Job) {
@@ -263,7 +227,9 @@ impl Worker {
             None => self.errors.lock().push_back(error),
         }
     }
+}
 
+impl Worker {
     fn handle(&mut self, job: Job) -> Result<(), ServerError> {
         match job {
             Job::Submit {
@@ -273,12 +239,7 @@ impl Worker {
             } => {
                 let index = self.submit(&batch, always);
                 batch.clear();
-                {
-                    let mut spare = self.spare.lock();
-                    if spare.len() < MAX_SPARE_BATCHES {
-                        spare.push(batch);
-                    }
-                }
+                self.spare.give(batch);
                 match reply {
                     Some(reply) => {
                         let _ = reply.send(index);

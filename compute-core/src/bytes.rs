@@ -139,7 +139,8 @@ fn copy_pieces(len: usize) -> usize {
     (len / COPY_PIECE).clamp(1, cores.min(8))
 }
 
-/// `dst.copy_from_slice(src)`, spread over up to 8 threads in pieces of at least 4 MiB.
+/// `dst.copy_from_slice(src)`, in up to 8 parts of at least 4 MiB on the copy team
+/// ([`crate::copy::copy_parallel`]).
 ///
 /// Mapped device memory (write-combined or uncached host-visible memory of a discrete GPU) reads
 /// at 1-2 GB/s on one thread but scales with the number of readers, and staging pageable bytes
@@ -158,12 +159,7 @@ pub fn parallel_copy(dst: &mut [u8], src: &[u8]) {
         dst.copy_from_slice(src);
         return;
     }
-    let piece = src.len().div_ceil(pieces);
-    std::thread::scope(|scope| {
-        for (d, s) in dst.chunks_mut(piece).zip(src.chunks(piece)) {
-            scope.spawn(move || d.copy_from_slice(s));
-        }
-    });
+    crate::copy::copy_parallel(dst, src, src.len().div_ceil(pieces));
 }
 
 /// A heap buffer aligned to [`HOST_ALIGNMENT`].

@@ -18,6 +18,7 @@
 pub mod bytes;
 pub mod client;
 pub mod collective;
+pub mod copy;
 pub mod device;
 pub mod elem;
 pub mod error;

@@ -31,22 +31,22 @@ use crate::pinned::{PinnedBuffer, PinnedPool};
 use crate::storage::{CUDA_ALIGNMENT, CudaResource, CudaStorage};
 use crate::stream::{EventPool, GraphExec, KeepAlive, StreamState, WaitEvent, WaitEvents};
 
-/// Writes up to this size go straight from pageable memory (the driver stages them at once).
-/// Measured on the H200 host: the driver's own pageable path reaches 17 GB/s at 1 MiB (our
-/// staging 11.6) but falls to 6-8 GB/s from 64 MiB on (our staging 31-44).
-const PAGEABLE_DIRECT: usize = 2 << 20;
-
-/// How large pageable writes are staged: pieces of about `len / divisor` bytes (clamped to
-/// `min..=max`) through a ring of `ring` pinned buffers. Smaller pieces shorten the start (the
-/// first piece's host copy) and the end (the last piece's DMA), which nothing overlaps; larger
-/// ones cost fewer calls per byte. `COMPUTE_CUDA_STAGING="divisor,min_kib,max_kib,ring"`
-/// overrides the defaults (for tuning on a given host).
+/// How pageable writes are done. Up to `direct` bytes they go straight from pageable memory (the
+/// driver stages them before the call returns). Larger ones are staged by us: pieces of about
+/// `len / divisor` bytes (clamped to `min..=max`) are copied by the copy team into a ring of
+/// `ring` pinned buffers, each piece's DMA overlapping the next piece's host copy. The ring stays
+/// small enough to live in the host's last-level cache, so the DMA reads the staged bytes from
+/// cache and the host copy mostly reads DRAM. Smaller pieces shorten the start (the first piece's
+/// host copy) and the end (the last piece's DMA), which nothing overlaps; larger ones cost fewer
+/// calls per byte. `COMPUTE_CUDA_STAGING="divisor,min_kib,max_kib,ring[,direct_kib]"` overrides
+/// the defaults (for tuning on a given host).
 #[derive(Debug, Clone, Copy)]
 struct StagingPlan {
     divisor: usize,
     min: usize,
     max: usize,
     ring: usize,
+    direct: usize,
 }
 
 impl StagingPlan {
@@ -58,6 +58,7 @@ impl StagingPlan {
                 min: 1 << 20,
                 max: 8 << 20,
                 ring: 4,
+                direct: 2 << 20,
             };
             let Ok(text) = std::env::var("COMPUTE_CUDA_STAGING") else {
                 return default;
@@ -66,15 +67,28 @@ impl StagingPlan {
                 .split(',')
                 .filter_map(|p| p.trim().parse().ok())
                 .collect();
+            let valid = |divisor: usize, min_kib: usize, max_kib: usize, ring: usize| {
+                divisor > 0 && min_kib > 0 && max_kib >= min_kib && ring > 0
+            };
             match parts[..] {
-                [divisor, min_kib, max_kib, ring]
-                    if divisor > 0 && min_kib > 0 && max_kib >= min_kib && ring > 0 =>
+                [divisor, min_kib, max_kib, ring] if valid(divisor, min_kib, max_kib, ring) => {
+                    StagingPlan {
+                        divisor,
+                        min: min_kib << 10,
+                        max: max_kib << 10,
+                        ring,
+                        direct: default.direct,
+                    }
+                }
+                [divisor, min_kib, max_kib, ring, direct_kib]
+                    if valid(divisor, min_kib, max_kib, ring) =>
                 {
                     StagingPlan {
                         divisor,
                         min: min_kib << 10,
                         max: max_kib << 10,
                         ring,
+                        direct: direct_kib << 10,
                     }
                 }
                 _ => default,
@@ -90,20 +104,18 @@ impl StagingPlan {
     }
 }
 
-/// `dst.copy_from_slice(src)`, spread over the rayon pool in pieces of at least 256 KiB: one
-/// thread's memcpy is far below the PCIe / NVLink-C2C bandwidth a pinned copy reaches.
+/// `dst.copy_from_slice(src)` on compute-core's copy team, in parts of at least 256 KiB (about
+/// two per thread, so threads that start late still find work): one thread's memcpy is far below
+/// the PCIe / NVLink-C2C bandwidth a pinned copy reaches.
 fn parallel_copy(dst: &mut [u8], src: &[u8]) {
-    use rayon::prelude::*;
-    const PIECE: usize = 256 << 10;
-    if src.len() <= PIECE {
-        dst.copy_from_slice(src);
-        return;
-    }
-    let threads = rayon::current_num_threads().max(1);
-    let piece = src.len().div_ceil(threads).max(PIECE).next_multiple_of(64);
-    dst.par_chunks_mut(piece)
-        .zip(src.par_chunks(piece))
-        .for_each(|(d, s)| d.copy_from_slice(s));
+    const PART: usize = 256 << 10;
+    let threads = compute_core::copy::copy_threads();
+    let part = src
+        .len()
+        .div_ceil(threads * 2)
+        .max(PART)
+        .next_multiple_of(64);
+    compute_core::copy::copy_parallel(dst, src, part);
 }
 
 /// Backend information of a CUDA server.
@@ -602,7 +614,10 @@ impl CudaServer {
         let contiguous = blocks.len() == 1 && blocks[0].height == 1;
         let raw = self.stream(stream)?.raw;
         let mut keep = Vec::new();
-        if contiguous && bytes.kind() != BytesKind::Pinned && bytes.len() <= PAGEABLE_DIRECT {
+        if contiguous
+            && bytes.kind() != BytesKind::Pinned
+            && bytes.len() <= StagingPlan::get().direct
+        {
             let src = bytes.try_as_slice()?;
             // SAFETY: pageable host-to-device copies return once the driver staged the bytes;
             // `target` holds `src.len()` bytes (validated).

@@ -279,7 +279,6 @@ pub struct CudaServer {
     pool_config: MemoryPoolsConfig,
     streams: HashMap<StreamId, StreamState>,
     events: EventPool,
-    waits: Arc<WaitEvents>,
     pinned: Arc<PinnedPool>,
     kernels: HashMap<(KernelId, bool), Arc<CompiledKernel>>,
     graphs: HashMap<GraphId, CudaGraph>,
@@ -313,7 +312,7 @@ impl CudaServer {
             driver: crate::driver::driver_version(),
         };
         let pinned = PinnedPool::new(context.clone());
-        let waits = WaitEvents::new(context.clone());
+        let events = EventPool::new(WaitEvents::new(context.clone()));
         Ok(Self {
             device,
             owner: HandleOwner {
@@ -325,8 +324,7 @@ impl CudaServer {
             target,
             pool_config: MemoryPoolsConfig::default(),
             streams: HashMap::new(),
-            events: EventPool::default(),
-            waits,
+            events,
             pinned,
             kernels: HashMap::new(),
             graphs: HashMap::new(),
@@ -510,7 +508,7 @@ impl CudaServer {
     /// Record a wait event on `stream` (for a future to wait on).
     fn record_fresh(&mut self, stream: StreamId) -> Result<WaitEvent, ServerError> {
         let raw = self.stream(stream)?.raw;
-        let event = self.waits.take()?;
+        let event = self.events.shared().take()?;
         // SAFETY: event and stream are alive.
         unsafe { result::event::record(event.raw(), raw.0) }.check("cuEventRecord")?;
         Ok(event)

@@ -35,46 +35,41 @@ impl Drop for GraphExec {
     }
 }
 
-/// Reusable events without timing (cheap to record and wait on).
-#[derive(Default)]
+/// The server's handle on its [`WaitEvents`]: events it records and retires itself (stream
+/// markers, the events that keep in-flight memory alive, staging ring slots).
 pub(crate) struct EventPool {
-    free: Vec<Raw<sys::CUevent>>,
+    shared: std::sync::Arc<WaitEvents>,
 }
 
 impl EventPool {
+    pub(crate) fn new(shared: std::sync::Arc<WaitEvents>) -> Self {
+        Self { shared }
+    }
+
+    /// The shared pool (for events handed to futures).
+    pub(crate) fn shared(&self) -> &std::sync::Arc<WaitEvents> {
+        &self.shared
+    }
+
     pub(crate) fn take(&mut self) -> Result<Raw<sys::CUevent>, ServerError> {
-        match self.free.pop() {
-            Some(e) => Ok(e),
-            None => result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
-                .map(Raw)
-                .check("cuEventCreate"),
-        }
+        self.shared.take_raw()
     }
 
     pub(crate) fn give(&mut self, event: Raw<sys::CUevent>) {
-        self.free.push(event);
+        self.shared.give_raw(event);
     }
 }
 
-impl Drop for EventPool {
-    fn drop(&mut self) {
-        for e in self.free.drain(..) {
-            // SAFETY: pooled events are referenced by nothing else.
-            let _ = unsafe { result::event::destroy(e.0) };
-        }
-    }
-}
-
-/// Events that the futures of reads and syncs wait on, reused from one to the next (creating and
-/// destroying an event costs about as much as a small copy). At most [`MAX_WAIT_EVENTS`] are
-/// kept.
+/// Reusable events without timing (cheap to record and wait on; creating and destroying one
+/// costs about as much as a small copy), shared by the server and the futures of its reads and
+/// syncs, which return theirs when dropped. At most [`MAX_FREE_EVENTS`] free ones are kept.
 pub(crate) struct WaitEvents {
     context: std::sync::Arc<Context>,
     free: spin::Mutex<Vec<Raw<sys::CUevent>>>,
 }
 
-/// Free wait events kept at most.
-const MAX_WAIT_EVENTS: usize = 64;
+/// Free events kept at most.
+const MAX_FREE_EVENTS: usize = 256;
 
 /// An event of a [`WaitEvents`] pool, back in it when dropped.
 pub(crate) struct WaitEvent {
@@ -90,20 +85,36 @@ impl WaitEvents {
         })
     }
 
-    /// An event (not recorded yet).
+    /// An event (not recorded yet) that returns to the pool when dropped.
     pub(crate) fn take(self: &std::sync::Arc<Self>) -> Result<WaitEvent, ServerError> {
-        let reused = self.free.lock().pop();
-        let event = match reused {
-            Some(event) => event,
-            None => Raw(
-                result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
-                    .check("cuEventCreate")?,
-            ),
-        };
         Ok(WaitEvent {
-            event,
+            event: self.take_raw()?,
             pool: self.clone(),
         })
+    }
+
+    fn take_raw(&self) -> Result<Raw<sys::CUevent>, ServerError> {
+        let reused = self.free.lock().pop();
+        match reused {
+            Some(event) => Ok(event),
+            None => result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
+                .map(Raw)
+                .check("cuEventCreate"),
+        }
+    }
+
+    fn give_raw(&self, event: Raw<sys::CUevent>) {
+        let mut free = self.free.lock();
+        if free.len() < MAX_FREE_EVENTS {
+            free.push(event);
+            return;
+        }
+        drop(free);
+        if self.context.bind().is_ok() {
+            // SAFETY: owned by the caller alone; destroying a pending event is allowed (the
+            // destruction completes once it has).
+            let _ = unsafe { result::event::destroy(event.0) };
+        }
     }
 }
 
@@ -116,17 +127,7 @@ impl WaitEvent {
 
 impl Drop for WaitEvent {
     fn drop(&mut self) {
-        let mut free = self.pool.free.lock();
-        if free.len() < MAX_WAIT_EVENTS {
-            free.push(self.event);
-            return;
-        }
-        drop(free);
-        if self.pool.context.bind().is_ok() {
-            // SAFETY: owned by this value alone; re-recording or destroying a pending event is
-            // allowed (the destruction completes once it has).
-            let _ = unsafe { result::event::destroy(self.event.0) };
-        }
+        self.pool.give_raw(self.event);
     }
 }
 

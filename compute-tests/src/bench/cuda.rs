@@ -11,7 +11,7 @@ use compute_cuda::cudarc::driver::{result, sys};
 use compute_cuda::cudarc::nvrtc::{CompileOptions, compile_ptx_with_opts};
 use compute_cuda::{CudaDevice, CudaKernel, CudaRuntime};
 
-use super::timing::{best_per_call, progress};
+use super::timing::{best_alternating, best_per_call, progress};
 use super::{Better, Row};
 
 const BACKEND: &str = "cuda";
@@ -259,8 +259,10 @@ fn transfers(client: &Client, raw: &Raw) -> Vec<Row> {
             3
         } else if size >= 64 << 20 {
             10
-        } else {
+        } else if size >= 1 << 20 {
             200
+        } else {
+            2000
         };
         let handle = client.empty(size);
         let mut pinned = Bytes::from_vec(vec![7u8; size]);
@@ -275,51 +277,43 @@ fn transfers(client: &Client, raw: &Raw) -> Vec<Row> {
                 Bytes::from_host_buffer(Box::new(Borrowed(bytes.as_ptr(), bytes.len(), pinned)));
             client.write(&handle, copy);
         };
-        let time = |f: &dyn Fn()| {
-            f();
-            block_on(client.sync()).expect("sync");
-            best_per_call(3, 1, || {
-                for _ in 0..reps {
-                    f();
-                }
-                block_on(client.sync()).expect("sync");
-            }) / reps as f64
-        };
-        let ours_pinned = time(&|| h2d(&pinned, true));
-        let ours_pageable = time(&|| h2d(&pageable, false));
-        let raw_h2d = best_per_call(3, 1, || {
-            for _ in 0..reps {
-                // SAFETY: `pinned_ptr` holds `size` pinned bytes; `dst_ptr` is a live range of
-                // `size` bytes; the copy completes before the sync below returns.
-                let slice = unsafe { core::slice::from_raw_parts(pinned_ptr, size) };
-                // SAFETY: as above.
-                unsafe { result::memcpy_htod_async(dst_ptr, slice, raw.stream) }.expect("htod");
-            }
-            raw.sync();
-        }) / reps as f64;
-        let pageable_ptr = pageable.as_ptr();
-        let raw_pageable = best_per_call(3, 1, || {
-            for _ in 0..reps {
-                // SAFETY: `pageable_ptr` holds `size` bytes the bench keeps alive; a pageable
-                // copy returns once the driver staged them; `dst_ptr` is a live range of `size`.
-                let slice = unsafe { core::slice::from_raw_parts(pageable_ptr, size) };
-                // SAFETY: as above.
-                unsafe { result::memcpy_htod_async(dst_ptr, slice, raw.stream) }.expect("htod");
-            }
-            raw.sync();
-        }) / reps as f64;
-        let ours_d2h = {
-            drop(client.read_one(handle.clone()).expect("read"));
-            best_per_call(3, 1, || {
-                for _ in 0..reps {
-                    drop(client.read_one(handle.clone()).expect("read"));
-                }
-            }) / reps as f64
-        };
         let mut host_dst = Bytes::from_vec(vec![0u8; size]);
         client.staging([&mut host_dst].into_iter(), false);
         let host_dst_ptr = host_dst.as_ptr().cast_mut();
-        let raw_d2h = best_per_call(3, 1, || {
+        let pageable_ptr = pageable.as_ptr();
+        // Each closure runs `reps` transfers and waits for them; they alternate, best of 5.
+        let sync = || block_on(client.sync()).expect("sync");
+        let mut ours_pinned = || {
+            for _ in 0..reps {
+                h2d(&pinned, true);
+            }
+            sync();
+        };
+        let mut ours_pageable = || {
+            for _ in 0..reps {
+                h2d(&pageable, false);
+            }
+            sync();
+        };
+        let raw_copy = |src: *const u8| {
+            for _ in 0..reps {
+                // SAFETY: `src` holds `size` bytes the bench keeps alive (pinned or pageable; a
+                // pageable copy returns once the driver staged them); `dst_ptr` is a live range
+                // of `size` bytes; the copies complete before `raw.sync()` returns.
+                let slice = unsafe { core::slice::from_raw_parts(src, size) };
+                // SAFETY: as above.
+                unsafe { result::memcpy_htod_async(dst_ptr, slice, raw.stream) }.expect("htod");
+            }
+            raw.sync();
+        };
+        let mut raw_pinned = || raw_copy(pinned_ptr);
+        let mut raw_pageable = || raw_copy(pageable_ptr);
+        let mut ours_d2h = || {
+            for _ in 0..reps {
+                drop(client.read_one(handle.clone()).expect("read"));
+            }
+        };
+        let mut raw_d2h = || {
             for _ in 0..reps {
                 // SAFETY: `host_dst_ptr` holds `size` pinned bytes, written only by this copy.
                 let slice = unsafe { core::slice::from_raw_parts_mut(host_dst_ptr, size) };
@@ -327,7 +321,29 @@ fn transfers(client: &Client, raw: &Raw) -> Vec<Row> {
                 unsafe { result::memcpy_dtoh_async(slice, dst_ptr, raw.stream) }.expect("dtoh");
                 raw.sync();
             }
-        }) / reps as f64;
+        };
+        // Warm up (pinned staging buffers, the driver's own staging), then measure.
+        ours_pageable();
+        ours_d2h();
+        let best = best_alternating(
+            5,
+            &mut [
+                &mut ours_pinned,
+                &mut raw_pinned,
+                &mut ours_pageable,
+                &mut raw_pageable,
+                &mut ours_d2h,
+                &mut raw_d2h,
+            ],
+        );
+        let [
+            ours_pinned,
+            raw_h2d,
+            ours_pageable,
+            raw_pageable,
+            ours_d2h,
+            raw_d2h,
+        ] = [best[0], best[1], best[2], best[3], best[4], best[5]].map(|t| t / reps as f64);
         // The physical limit of staging pageable bytes: a pageable write is a host copy into
         // pinned memory plus the pinned DMA, overlapped at best, so it runs at most at the slower
         // of the two. The host copy is measured as the staging does it: on compute-core's copy

@@ -15,6 +15,20 @@ pub fn best_per_call(reps: usize, iters: usize, mut f: impl FnMut()) -> f64 {
     best
 }
 
+/// Best seconds of each closure over `rounds` rounds that run them one after the other, so that
+/// host noise that comes and goes (a busy neighbour of the VM) hits ours and the baseline alike.
+pub fn best_alternating(rounds: usize, fs: &mut [&mut dyn FnMut()]) -> Vec<f64> {
+    let mut best = vec![f64::INFINITY; fs.len()];
+    for _ in 0..rounds {
+        for (f, b) in fs.iter_mut().zip(best.iter_mut()) {
+            let start = Instant::now();
+            f();
+            *b = b.min(start.elapsed().as_secs_f64());
+        }
+    }
+    best
+}
+
 /// How many calls of `f` fit in about `target`, measured with one probe call (at least 1).
 pub fn calibrate(target: Duration, mut f: impl FnMut()) -> usize {
     let start = Instant::now();

@@ -160,7 +160,16 @@ pub(crate) struct StreamState {
     /// of small pinned writes does not pay an event record each.
     open: Vec<KeepAlive>,
     open_bytes: usize,
+    /// Calls of [`retire`](Self::retire) since it last queried an event.
+    since_retire: u32,
 }
+
+/// [`StreamState::retire`] queries the oldest event once per this many calls: a `cuEventQuery`
+/// costs a sizeable part of a small copy's or a launch's host time, and most calls would find
+/// nothing new.
+const RETIRE_EVERY: u32 = 16;
+/// [`StreamState::retire`] queries on every call once this many events are pending.
+const RETIRE_BACKLOG: usize = 4;
 
 /// Items kept alive per recorded event, at most.
 const HOLD_BATCH: usize = 32;
@@ -192,11 +201,21 @@ impl StreamState {
             capture: None,
             open: Vec::new(),
             open_bytes: 0,
+            since_retire: 0,
         })
     }
 
-    /// Drop what completed work kept alive.
+    /// Drop what completed work kept alive (checked on every [`RETIRE_EVERY`]-th call, or on
+    /// every call while [`RETIRE_BACKLOG`] events are pending).
     pub(crate) fn retire(&mut self, events: &mut EventPool) {
+        if self.pending.is_empty() {
+            return;
+        }
+        self.since_retire += 1;
+        if self.since_retire < RETIRE_EVERY && self.pending.len() < RETIRE_BACKLOG {
+            return;
+        }
+        self.since_retire = 0;
         while let Some((event, _)) = self.pending.front() {
             // SAFETY: the event was recorded on this stream and is still owned by the queue.
             match unsafe { result::event::query(event.0) } {

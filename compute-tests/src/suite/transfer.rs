@@ -1,7 +1,8 @@
 //! Creation, writes and reads.
 
 use compute_core::{
-    Bytes, BytesKind, ComputeClient, CopyDescriptor, MemoryLayoutDescriptor, Runtime, block_on,
+    Bytes, BytesKind, ComputeClient, CopyDescriptor, MemoryLayoutDescriptor, Runtime, StreamId,
+    block_on,
 };
 
 use crate::util::{f32_bytes, ramp, sync};
@@ -279,6 +280,49 @@ pub fn burst_of_tensors_reads_back_exact<R: Runtime>(client: ComputeClient<R>) {
             &*client.read_one(handle).unwrap(),
             &data[i][..],
             "tensor {i} read alone"
+        );
+    }
+}
+
+/// Large pageable writes (the sizes where a backend stages through pinned memory in pieces) land
+/// exactly: back-to-back writes into one buffer (the later wins), writes from a second stream,
+/// and a write after `memory_cleanup` (which may release staging memory).
+pub fn large_pageable_writes_land_exact<R: Runtime>(client: ComputeClient<R>) {
+    let pattern = |len: usize, seed: usize| -> Vec<u8> {
+        (0..len).map(|i| ((i * 131 + seed) % 251) as u8).collect()
+    };
+    let mut other = client.clone();
+    // SAFETY: the stream is fresh and only used from this thread.
+    unsafe { other.set_stream(StreamId::fresh()) };
+    for (k, len) in [3usize << 20, (17 << 20) + 5, 40 << 20]
+        .into_iter()
+        .enumerate()
+    {
+        let first = pattern(len, k);
+        let second = pattern(len, k + 100);
+        let third = pattern(len, k + 200);
+        let shared = client.empty(len);
+        let mine = other.empty(len);
+        client.write(&shared, Bytes::from_vec(first));
+        client.write(&shared, Bytes::from_vec(second.clone()));
+        other.write(&mine, Bytes::from_vec(third.clone()));
+        let got = client.read_one(shared.clone()).unwrap();
+        assert_eq!(got.len(), len);
+        assert!(
+            got[..] == second[..],
+            "{len} bytes: the second write must win"
+        );
+        let got = other.read_one(mine).unwrap();
+        assert!(
+            got[..] == third[..],
+            "{len} bytes written on a second stream differ"
+        );
+        client.memory_cleanup();
+        client.write(&shared, Bytes::from_vec(third.clone()));
+        let got = client.read_one(shared).unwrap();
+        assert!(
+            got[..] == third[..],
+            "{len} bytes written after memory_cleanup differ"
         );
     }
 }

@@ -5,9 +5,10 @@
 //! [`copy_parallel`] splits a copy into parts that the calling thread and the team's workers
 //! claim one at a time. Workers stay awake (spinning) for a short while after each copy, so a
 //! pipeline that copies piece after piece (a staged transfer: copy a piece, start its DMA, copy
-//! the next) finds them running instead of paying a thread wake-up per piece, which on the H200
-//! host cost as much as the copy of a 4 MiB piece. Workers that find nothing to do park on a
-//! condition variable and cost nothing.
+//! the next) finds them running instead of paying a thread wake-up per piece. Measured on the
+//! H200 host (16 cores): 1 GiB pageable CUDA writes staged with a rayon pool that woke per piece
+//! ran at 30-49 GB/s; with this team, 51 GB/s (0.93 of the raw pinned DMA, 55 GB/s). Workers
+//! that find nothing to do park on a condition variable and cost nothing.
 //!
 //! The team is process-wide and started on first use: one worker fewer than the host's cores
 //! (at most 15), or `COMPUTE_COPY_THREADS - 1` when that is set (`1` copies on the calling thread

@@ -259,6 +259,25 @@ struct RowBlock {
     width: usize,
 }
 
+/// Whether a tensor of `shape` with `strides` (in elements) is one run of bytes (row-major with
+/// no padding; the stride of a dimension of size 1 does not matter), found without allocating.
+fn is_compact(shape: &[usize], strides: &[usize]) -> bool {
+    if shape.contains(&0) {
+        return false;
+    }
+    if shape.len() < 2 {
+        return true;
+    }
+    let mut expected = 1;
+    for (&dim, &stride) in shape.iter().zip(strides).rev() {
+        if dim != 1 && stride != expected {
+            return false;
+        }
+        expected *= dim;
+    }
+    strides.len() == shape.len()
+}
+
 fn row_blocks(shape: &[usize], strides: &[usize], elem: usize) -> Vec<RowBlock> {
     let rank = shape.len();
     if shape.contains(&0) {
@@ -566,7 +585,7 @@ impl CudaServer {
         &mut self,
         stream: StreamId,
         bindings: &[&Binding],
-        mut extra: Vec<KeepAlive>,
+        extra: Option<KeepAlive>,
     ) -> Result<(), ServerError> {
         let state = self
             .streams
@@ -577,16 +596,17 @@ impl CudaServer {
             stream,
             seq: state.seq,
         };
+        let mut others = Vec::new();
         for binding in bindings {
             binding.handle().access().replace(point);
             if binding.handle().stream() != stream {
                 match &mut state.capture {
                     Some(holds) => holds.push((*binding).clone()),
-                    None => extra.push(KeepAlive::Binding((*binding).clone())),
+                    None => others.push(KeepAlive::Binding((*binding).clone())),
                 }
             }
         }
-        state.hold(&mut self.events, extra)
+        state.hold(&mut self.events, extra.into_iter().chain(others))
     }
 
     fn compiled(
@@ -680,22 +700,26 @@ impl CudaServer {
         let target = self.resolve(&descriptor.binding)?;
         let binding = descriptor.binding.clone();
         self.order_after(stream, &[&binding])?;
-        let blocks = row_blocks(&descriptor.shape, &descriptor.strides, descriptor.elem_size);
-        let contiguous = blocks.len() == 1 && blocks[0].height == 1;
+        let contiguous = is_compact(&descriptor.shape, &descriptor.strides);
         let raw = self.stream(stream)?.raw;
-        let mut keep = Vec::new();
-        if contiguous
-            && bytes.kind() != BytesKind::Pinned
-            && bytes.len() <= StagingPlan::get().direct
-        {
+        let mut keep = None;
+        if contiguous && bytes.kind() != BytesKind::Pinned {
             let src = bytes.try_as_slice()?;
-            // SAFETY: pageable host-to-device copies return once the driver staged the bytes;
-            // `target` holds `src.len()` bytes (validated).
+            if src.len() <= StagingPlan::get().direct {
+                // SAFETY: pageable host-to-device copies return once the driver staged the
+                // bytes; `target` holds `src.len()` bytes (validated).
+                unsafe { result::memcpy_htod_async(target.ptr, src, raw.0) }
+                    .check("cuMemcpyHtoDAsync")?;
+            } else {
+                self.write_staged(raw, target.ptr, src)?;
+            }
+        } else if contiguous {
+            let src = bytes.try_as_slice()?;
+            // SAFETY: `src` is pinned and kept alive (below) until the copy completed; `target`
+            // holds `src.len()` bytes (validated).
             unsafe { result::memcpy_htod_async(target.ptr, src, raw.0) }
                 .check("cuMemcpyHtoDAsync")?;
-        } else if contiguous && bytes.kind() != BytesKind::Pinned {
-            let src = bytes.try_as_slice()?;
-            self.write_staged(raw, target.ptr, src)?;
+            keep = Some(KeepAlive::Bytes(bytes));
         } else {
             let (host, hold) = if bytes.kind() == BytesKind::Pinned {
                 let ptr = bytes.try_as_slice()?.as_ptr().cast_mut();
@@ -706,12 +730,13 @@ impl CudaServer {
                     .copy_from_slice(bytes.try_as_slice()?);
                 (staging.as_ptr(), KeepAlive::Pinned(staging))
             };
+            let blocks = row_blocks(&descriptor.shape, &descriptor.strides, descriptor.elem_size);
             for block in &blocks {
                 // SAFETY: `host` is pinned and kept alive by `hold` until the copy completed;
                 // the strided span fits `target` (validated).
                 unsafe { copy_block(block, host, target.ptr, true, raw.0) }?;
             }
-            keep.push(hold);
+            keep = Some(hold);
         }
         self.mark(stream, &[&binding], keep)
     }
@@ -746,7 +771,7 @@ impl CudaServer {
             }
             outputs.push(Some(buffer));
         }
-        self.mark(stream, &refs, Vec::new())?;
+        self.mark(stream, &refs, None)?;
         let event = self.record_fresh(stream)?;
         let done = self.event_future(event);
         Ok(Box::pin(async move {
@@ -1026,7 +1051,7 @@ impl ComputeServer for CudaServer {
         }
         .result()
         .check("cuLaunchKernel")?;
-        self.mark(stream, &bindings, Vec::new())
+        self.mark(stream, &bindings, None)
     }
 
     fn flush(&mut self, stream: StreamId) -> Result<(), ServerError> {
@@ -1210,7 +1235,7 @@ impl ComputeServer for CudaServer {
         let raw = self.stream(stream)?.raw;
         // SAFETY: the executable graph and the stream are alive.
         unsafe { result::graph::launch(exec.0, raw.0) }.check("cuGraphLaunch")?;
-        self.mark(stream, &refs, Vec::new())
+        self.mark(stream, &refs, None)
     }
 
     fn graph_release(&mut self, graph: GraphId) {
@@ -1358,7 +1383,7 @@ impl ComputeServer for CudaServer {
         if count > 0 {
             crate::collective::all_reduce(comm, source.ptr, target.ptr, count, dtype, op, raw)?;
         }
-        self.mark(comm_stream, &[&src, &dst], Vec::new())
+        self.mark(comm_stream, &[&src, &dst], None)
     }
 
     fn sync_collective(&mut self, _stream: StreamId) -> DynFut<Result<(), ServerError>> {
@@ -1396,6 +1421,19 @@ mod tests {
         assert_eq!(blocks.len(), 1);
         assert_eq!((blocks[0].height, blocks[0].width), (1, 60));
         assert!(row_blocks(&[0, 5], &[5, 1], 4).is_empty());
+    }
+
+    #[test]
+    fn compact_layouts_are_found_without_allocating() {
+        assert!(is_compact(&[7], &[1]));
+        assert!(is_compact(&[3, 5], &[5, 1]));
+        // One padded row is still one run of bytes.
+        assert!(is_compact(&[1, 5], &[32, 1]));
+        assert!(!is_compact(&[3, 5], &[32, 1]));
+        assert!(!is_compact(&[2, 3, 5], &[100, 8, 1]));
+        assert!(!is_compact(&[0, 5], &[5, 1]));
+        let pitched = compute_core::layout::pitched_strides(&[2, 3, 5], 4, 128);
+        assert!(!is_compact(&[2, 3, 5], &pitched));
     }
 
     #[test]

@@ -234,15 +234,16 @@ impl StreamState {
     pub(crate) fn hold(
         &mut self,
         events: &mut EventPool,
-        keep: Vec<KeepAlive>,
+        keep: impl IntoIterator<Item = KeepAlive>,
     ) -> Result<(), ServerError> {
-        if keep.is_empty() {
+        let before = self.open.len();
+        for item in keep {
+            self.open_bytes = self.open_bytes.saturating_add(item.bytes());
+            self.open.push(item);
+        }
+        if self.open.len() == before {
             return Ok(());
         }
-        self.open_bytes = keep
-            .iter()
-            .fold(self.open_bytes, |sum, k| sum.saturating_add(k.bytes()));
-        self.open.extend(keep);
         // An event recorded while capturing would become a graph node: seal after the capture.
         if self.capture.is_none()
             && (self.open.len() >= HOLD_BATCH || self.open_bytes >= HOLD_BATCH_BYTES)

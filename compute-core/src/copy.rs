@@ -15,7 +15,7 @@
 //! only). A copy never depends on a worker: the caller works through the parts itself, so a
 //! worker that is late (or could not be started) only means fewer hands.
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicPtr, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -68,65 +68,77 @@ fn team() -> Option<&'static Team> {
     .as_ref()
 }
 
-/// One copy: the parts not yet claimed and the parts done.
-struct Job {
-    dst: *mut u8,
-    src: *const u8,
-    len: usize,
-    part: usize,
-    parts: usize,
-    next: AtomicUsize,
-    done: AtomicUsize,
+/// Most parts one copy is split into (the part count has 16 bits in the ticket).
+const MAX_PARTS: usize = u16::MAX as usize;
+
+/// The ticket: the copy's generation (upper 32 bits), its part count (16 bits) and the next part
+/// to claim (lower 16 bits). Threads claim a part with one compare-and-swap on it, which checks
+/// the generation and the count in the same step: a thread still looking at an earlier copy
+/// cannot claim a part of the current one, nor a part that does not exist.
+fn pack(generation: u32, parts: usize, next: usize) -> u64 {
+    (u64::from(generation) << 32) | ((parts as u64) << 16) | next as u64
 }
 
-// SAFETY: `dst` and `src` point into slices that the posting thread keeps borrowed until
-// `done == parts` (it waits for that before returning), and each part is claimed by exactly one
-// thread through `next`, so no two threads write the same bytes. A thread that claims an index
-// past the last part touches no memory, so a job that is finished may be shared freely.
-unsafe impl Send for Job {}
-// SAFETY: as above; every shared field other than the pointers is atomic.
-unsafe impl Sync for Job {}
+fn generation_of(ticket: u64) -> u32 {
+    (ticket >> 32) as u32
+}
 
-impl Job {
-    /// Claim and copy parts until none are left.
-    fn work(&self) {
+/// The current copy and the parked workers, shared without a lock on the copy path.
+struct Shared {
+    ticket: AtomicU64,
+    dst: AtomicPtr<u8>,
+    src: AtomicPtr<u8>,
+    len: AtomicUsize,
+    part: AtomicUsize,
+    /// Parts of the current copy that are done.
+    done: AtomicUsize,
+    /// Workers parked on `wake` (or about to be).
+    sleepers: AtomicUsize,
+    park: Mutex<()>,
+    wake: Condvar,
+}
+
+impl Shared {
+    /// Claim and copy parts of copy `generation` until none are left.
+    fn work(&self, generation: u32) {
+        let mut ticket = self.ticket.load(Ordering::Acquire);
         loop {
-            let i = self.next.fetch_add(1, Ordering::Relaxed);
-            if i >= self.parts {
+            let parts = ((ticket >> 16) & 0xffff) as usize;
+            let next = (ticket & 0xffff) as usize;
+            if generation_of(ticket) != generation || next >= parts {
                 return;
             }
-            let start = i * self.part;
-            let n = self.part.min(self.len - start);
-            // SAFETY: part `i` lies in both slices (`start + n <= len`), was claimed by this
-            // thread only, and the slices are borrowed by the poster until `done` reaches
-            // `parts`, which needs this part's increment below.
-            unsafe { core::ptr::copy_nonoverlapping(self.src.add(start), self.dst.add(start), n) };
-            self.done.fetch_add(1, Ordering::Release);
+            match self.ticket.compare_exchange_weak(
+                ticket,
+                ticket + 1,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => {
+                    let len = self.len.load(Ordering::Relaxed);
+                    let part = self.part.load(Ordering::Relaxed);
+                    let start = next * part;
+                    let n = part.min(len - start);
+                    let src = self.src.load(Ordering::Relaxed);
+                    let dst = self.dst.load(Ordering::Relaxed);
+                    // SAFETY: the claim above succeeded on this copy's ticket, so the fields
+                    // read after it (published before the ticket) are this copy's; the poster
+                    // keeps both slices borrowed until `done` counts every part, which needs
+                    // this part's increment below; part `next` lies in both slices and is
+                    // claimed by this thread only.
+                    unsafe { core::ptr::copy_nonoverlapping(src.add(start), dst.add(start), n) };
+                    self.done.fetch_add(1, Ordering::Release);
+                    ticket = self.ticket.load(Ordering::Acquire);
+                }
+                Err(actual) => ticket = actual,
+            }
         }
     }
-
-    fn finished(&self) -> bool {
-        self.done.load(Ordering::Acquire) >= self.parts
-    }
-}
-
-/// What workers read under the lock: the current job and who is asleep.
-struct Slot {
-    generation: u64,
-    job: Option<Arc<Job>>,
-    sleepers: usize,
-}
-
-struct Shared {
-    slot: Mutex<Slot>,
-    wake: Condvar,
-    /// `slot.generation`, readable without the lock (what spinning workers watch).
-    generation: AtomicU64,
 }
 
 struct Team {
-    /// One copy at a time (concurrent callers take turns).
-    turn: Mutex<()>,
+    /// One copy at a time (concurrent callers take turns); holds the last generation posted.
+    turn: Mutex<u32>,
     shared: Arc<Shared>,
     workers: usize,
 }
@@ -139,13 +151,15 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 impl Team {
     fn start(wanted: usize) -> Option<Team> {
         let shared = Arc::new(Shared {
-            slot: Mutex::new(Slot {
-                generation: 0,
-                job: None,
-                sleepers: 0,
-            }),
+            ticket: AtomicU64::new(0),
+            dst: AtomicPtr::new(core::ptr::null_mut()),
+            src: AtomicPtr::new(core::ptr::null_mut()),
+            len: AtomicUsize::new(0),
+            part: AtomicUsize::new(0),
+            done: AtomicUsize::new(0),
+            sleepers: AtomicUsize::new(0),
+            park: Mutex::new(()),
             wake: Condvar::new(),
-            generation: AtomicU64::new(0),
         });
         let mut workers = 0;
         for i in 0..wanted {
@@ -159,7 +173,7 @@ impl Team {
             workers += 1;
         }
         (workers > 0).then(|| Team {
-            turn: Mutex::new(()),
+            turn: Mutex::new(0),
             shared,
             workers,
         })
@@ -167,32 +181,30 @@ impl Team {
 
     fn copy(&self, dst: &mut [u8], src: &[u8], part: usize) {
         let len = src.len();
+        let part = part.max(len.div_ceil(MAX_PARTS));
         let parts = len.div_ceil(part);
-        let job = Arc::new(Job {
-            dst: dst.as_mut_ptr(),
-            src: src.as_ptr(),
-            len,
-            part,
-            parts,
-            next: AtomicUsize::new(0),
-            done: AtomicUsize::new(0),
-        });
-        let _turn = lock(&self.turn);
-        {
-            let mut slot = lock(&self.shared.slot);
-            slot.generation += 1;
-            slot.job = Some(job.clone());
-            self.shared
-                .generation
-                .store(slot.generation, Ordering::Release);
-            if slot.sleepers > 0 {
-                self.shared.wake.notify_all();
-            }
+        let shared = &*self.shared;
+        let mut turn = lock(&self.turn);
+        *turn = turn.wrapping_add(1);
+        let generation = *turn;
+        // The previous copy is finished (its poster waited for every part), so nobody reads
+        // these fields until the ticket below publishes them.
+        shared.dst.store(dst.as_mut_ptr(), Ordering::Relaxed);
+        shared.src.store(src.as_ptr().cast_mut(), Ordering::Relaxed);
+        shared.len.store(len, Ordering::Relaxed);
+        shared.part.store(part, Ordering::Relaxed);
+        shared.done.store(0, Ordering::Relaxed);
+        shared
+            .ticket
+            .store(pack(generation, parts, 0), Ordering::SeqCst);
+        if shared.sleepers.load(Ordering::SeqCst) > 0 {
+            let _park = lock(&shared.park);
+            shared.wake.notify_all();
         }
-        job.work();
+        shared.work(generation);
         // The parts still running are in other threads' hands: at most one part's copy each.
         let mut spins = 0u32;
-        while !job.finished() {
+        while shared.done.load(Ordering::Acquire) < parts {
             spins += 1;
             if spins < 1 << 12 {
                 core::hint::spin_loop();
@@ -200,36 +212,42 @@ impl Team {
                 std::thread::yield_now();
             }
         }
-        // Workers that pick the job up from now on find no part left; drop the slot's reference.
-        lock(&self.shared.slot).job = None;
+        drop(turn);
     }
 }
 
 fn worker(shared: &Shared) {
-    let mut seen = 0u64;
+    let mut seen = generation_of(shared.ticket.load(Ordering::Acquire));
     loop {
         let start = Instant::now();
         let mut spins = 0u32;
-        while shared.generation.load(Ordering::Acquire) == seen {
+        let mut generation = generation_of(shared.ticket.load(Ordering::Acquire));
+        while generation == seen {
             core::hint::spin_loop();
             spins = spins.wrapping_add(1);
             if spins.is_multiple_of(256) && start.elapsed() >= SPIN {
                 break;
             }
+            generation = generation_of(shared.ticket.load(Ordering::Acquire));
         }
-        let job = {
-            let mut slot = lock(&shared.slot);
-            while slot.generation == seen {
-                slot.sleepers += 1;
-                slot = shared.wake.wait(slot).unwrap_or_else(|e| e.into_inner());
-                slot.sleepers -= 1;
+        if generation == seen {
+            // Park. The poster stores the ticket before it reads `sleepers`, and this thread
+            // counts itself in before it reads the ticket (both sequentially consistent), so
+            // either it sees the new copy here or the poster sees it and notifies, which it
+            // can only do once this thread waits (it holds `park` until then).
+            let mut parked = lock(&shared.park);
+            shared.sleepers.fetch_add(1, Ordering::SeqCst);
+            loop {
+                generation = generation_of(shared.ticket.load(Ordering::SeqCst));
+                if generation != seen {
+                    break;
+                }
+                parked = shared.wake.wait(parked).unwrap_or_else(|e| e.into_inner());
             }
-            seen = slot.generation;
-            slot.job.clone()
-        };
-        if let Some(job) = job {
-            job.work();
+            shared.sleepers.fetch_sub(1, Ordering::SeqCst);
         }
+        seen = generation;
+        shared.work(generation);
     }
 }
 
@@ -278,6 +296,30 @@ mod tests {
         for h in handles {
             h.join().expect("copy thread");
         }
+    }
+
+    #[test]
+    fn back_to_back_and_parked_copies_are_exact() {
+        // Many short copies (workers see generation after generation), then pauses longer than
+        // the spin (workers park and must be woken by the next copy).
+        let src = pattern(256 << 10, 3);
+        let mut dst = vec![0u8; src.len()];
+        for round in 0..2000 {
+            dst.fill(0);
+            copy_parallel(&mut dst, &src, 16 << 10);
+            assert!(dst == src, "round {round} differs");
+        }
+        for round in 0..5 {
+            std::thread::sleep(SPIN * 4);
+            dst.fill(0);
+            copy_parallel(&mut dst, &src, 8 << 10);
+            assert!(dst == src, "copy {round} after a pause differs");
+        }
+        // More parts than the ticket counts: the part size grows to fit.
+        let big = pattern((MAX_PARTS + 5) * 4, 9);
+        let mut out = vec![0u8; big.len()];
+        copy_parallel(&mut out, &big, 4);
+        assert!(out == big, "copy of more than MAX_PARTS parts differs");
     }
 
     #[test]

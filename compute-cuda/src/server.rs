@@ -131,15 +131,27 @@ struct OpenSlot {
     stream: Raw<sys::CUstream>,
 }
 
+/// Writes up to this size are staged through the small ring of [`SMALL_SLOTS`] slots of
+/// [`SMALL_SLOT`] bytes (1 MiB in all). On the H200 host a 4 KiB memcpy into lines of the large
+/// ring that are not in cache took 0.88 us, as long as the rest of the write.
+const SMALL_PIECE: usize = 64 << 10;
+const SMALL_SLOT: usize = 128 << 10;
+const SMALL_SLOTS: usize = 8;
+
 /// Offsets of pieces packed into a staging slot are rounded up to this.
 const STAGING_ALIGN: usize = 256;
 
 impl StagingRing {
-    /// Allocate the slots on first use.
-    fn fill(&mut self, pinned: &Arc<PinnedPool>, plan: StagingPlan) -> Result<(), ServerError> {
-        while self.slots.len() < plan.ring {
+    /// Allocate `count` slots of `len` bytes on first use.
+    fn fill(
+        &mut self,
+        pinned: &Arc<PinnedPool>,
+        count: usize,
+        len: usize,
+    ) -> Result<(), ServerError> {
+        while self.slots.len() < count {
             self.slots
-                .push((pinned.take(plan.max.next_multiple_of(4096))?, None));
+                .push((pinned.take(len.next_multiple_of(4096))?, None));
         }
         Ok(())
     }
@@ -414,6 +426,9 @@ pub struct CudaServer {
     events: EventPool,
     pinned: Arc<PinnedPool>,
     staging: StagingRing,
+    /// Where writes of at most [`SMALL_PIECE`] bytes are staged: a ring small enough to stay in
+    /// the core's cache (fresh lines of the large ring cost their fetch on every write).
+    small_staging: StagingRing,
     kernels: HashMap<(KernelId, bool), Arc<CompiledKernel>>,
     graphs: HashMap<GraphId, CudaGraph>,
     profiles: HashMap<u64, Raw<sys::CUevent>>,
@@ -461,6 +476,7 @@ impl CudaServer {
             events,
             pinned,
             staging: StagingRing::default(),
+            small_staging: StagingRing::default(),
             kernels: HashMap::new(),
             graphs: HashMap::new(),
             profiles: HashMap::new(),
@@ -661,10 +677,17 @@ impl CudaServer {
     ) -> Result<(), ServerError> {
         let plan = StagingPlan::get();
         let chunk = plan.chunk(src.len());
-        self.staging.fill(&self.pinned, plan)?;
+        let ring = if src.len() <= SMALL_PIECE {
+            self.small_staging
+                .fill(&self.pinned, SMALL_SLOTS, SMALL_SLOT)?;
+            &mut self.small_staging
+        } else {
+            self.staging.fill(&self.pinned, plan.ring, plan.max)?;
+            &mut self.staging
+        };
         for (i, piece) in src.chunks(chunk).enumerate() {
-            let (slot, at) = self.staging.place(piece.len(), stream, &mut self.events)?;
-            let buffer = &mut self.staging.slots[slot].0;
+            let (slot, at) = ring.place(piece.len(), stream, &mut self.events)?;
+            let buffer = &mut ring.slots[slot].0;
             let staged = &mut compute_core::HostBuffer::as_bytes_mut(buffer)[at..at + piece.len()];
             parallel_copy(staged, piece);
             let offset = (i * chunk) as u64;
@@ -673,7 +696,7 @@ impl CudaServer {
             let copied = unsafe { result::memcpy_htod_async(dst + offset, staged, stream.0) };
             if let Err(e) = copied.check("staging a pageable write") {
                 // An earlier copy from the slot may still run; closing it records that.
-                let _ = self.staging.close(&mut self.events);
+                let _ = ring.close(&mut self.events);
                 return Err(e);
             }
         }
@@ -1092,6 +1115,7 @@ impl ComputeServer for CudaServer {
             return;
         }
         self.staging.release(&mut self.events);
+        self.small_staging.release(&mut self.events);
         let events = &mut self.events;
         if let Some(state) = self.streams.get_mut(&stream)
             && state.capture.is_none()
@@ -1401,6 +1425,7 @@ impl Drop for CudaServer {
             let _ = state.wait_idle(&mut self.events);
         }
         self.staging.release(&mut self.events);
+        self.small_staging.release(&mut self.events);
         self.graphs.clear();
         for (_, event) in self.profiles.drain() {
             // SAFETY: owned by the server; the streams are idle.

@@ -15,7 +15,7 @@
 //! only). A copy never depends on a worker: the caller works through the parts itself, so a
 //! worker that is late (or could not be started) only means fewer hands.
 
-use std::sync::atomic::{AtomicPtr, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicPtr, AtomicU8, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -25,6 +25,45 @@ const SPIN: Duration = Duration::from_micros(300);
 /// Copies below this size run on the calling thread: splitting them costs more than it saves.
 const MIN_PARALLEL: usize = 128 << 10;
 
+/// How a copy stores into its destination.
+///
+/// A DMA engine that reads bytes the host has just written finds them in the private caches of
+/// the cores that wrote them, and each such line costs the device a snoop of that core. On the
+/// H200 host (Xeon, 2 MiB L2 per core) a 1 MiB pinned staging buffer filled by 4 cores and then
+/// read by a host-to-device copy moved 17 GB/s, against 48 GB/s for the same DMA from bytes
+/// written long before. [`Stores::Streaming`] and [`Stores::Demoted`] keep the written lines out
+/// of the cores' private caches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Stores {
+    /// Plain stores: the lines stay in the writing cores' caches (the host reads them next).
+    #[default]
+    Cached,
+    /// Non-temporal stores (x86-64): the lines go to memory, past every cache. Best when a
+    /// device reads the bytes next and they are few enough that memory, not the cache, is
+    /// where the device finds them fastest (on the H200 host: 256 KiB writes staged at 0.92 of
+    /// the pinned DMA, against 0.38 with plain stores).
+    Streaming,
+    /// Plain stores, then `cldemote` of every written line (x86-64; a no-op on processors
+    /// without it): the lines move from the core's private cache to the shared last-level
+    /// cache, where the device reads them without a snoop of the core (on the H200 host: 1 MiB
+    /// writes staged at 0.98-0.99 of the pinned DMA, 64 MiB writes at 0.94-0.97).
+    Demoted,
+}
+
+impl Stores {
+    fn to_u8(self) -> u8 {
+        self as u8
+    }
+
+    fn from_u8(v: u8) -> Stores {
+        match v {
+            1 => Stores::Streaming,
+            2 => Stores::Demoted,
+            _ => Stores::Cached,
+        }
+    }
+}
+
 /// Copy `src` into `dst` in parts of about `part` bytes, spread over the copy team.
 ///
 /// The calling thread copies parts too and returns once every part is done. A `part` of 0, or a
@@ -33,6 +72,14 @@ const MIN_PARALLEL: usize = 128 << 10;
 /// # Panics
 /// If the lengths differ.
 pub fn copy_parallel(dst: &mut [u8], src: &[u8], part: usize) {
+    copy_parallel_with(dst, src, part, Stores::Cached);
+}
+
+/// [`copy_parallel`] with the given kind of [`Stores`].
+///
+/// # Panics
+/// If the lengths differ.
+pub fn copy_parallel_with(dst: &mut [u8], src: &[u8], part: usize, stores: Stores) {
     assert_eq!(
         dst.len(),
         src.len(),
@@ -40,13 +87,71 @@ pub fn copy_parallel(dst: &mut [u8], src: &[u8], part: usize) {
     );
     let len = src.len();
     if part == 0 || len < MIN_PARALLEL || len <= part {
-        dst.copy_from_slice(src);
+        copy_part(dst, src, stores);
         return;
     }
     match team() {
-        Some(team) => team.copy(dst, src, part),
-        None => dst.copy_from_slice(src),
+        Some(team) => team.copy(dst, src, part, stores),
+        None => copy_part(dst, src, stores),
     }
+}
+
+/// One thread's copy of `src` into `dst` (same lengths).
+fn copy_part(dst: &mut [u8], src: &[u8], stores: Stores) {
+    debug_assert_eq!(dst.len(), src.len());
+    // SAFETY: two distinct slices (one is borrowed mutably) of the same length.
+    unsafe { copy_raw(dst.as_mut_ptr(), src.as_ptr(), src.len(), stores) }
+}
+
+/// Copy `n` bytes from `src` to `dst` with the given kind of stores.
+///
+/// # Safety
+/// `src` is valid for `n` bytes of reads, `dst` for `n` bytes of writes, and they do not
+/// overlap.
+unsafe fn copy_raw(dst: *mut u8, src: *const u8, n: usize, stores: Stores) {
+    #[cfg(target_arch = "x86_64")]
+    if stores == Stores::Streaming {
+        use core::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_sfence, _mm_stream_si128};
+        let head = dst.align_offset(16).min(n);
+        // SAFETY: the caller's contract covers all `n` bytes; every access below lies in them,
+        // and the stores go to 16-byte aligned addresses (`head` aligns `dst`). SSE2 is part of
+        // x86-64. The fence orders the non-temporal stores before whatever follows the copy
+        // (the part's `done` count, the caller's DMA).
+        unsafe {
+            core::ptr::copy_nonoverlapping(src, dst, head);
+            let mut i = head;
+            while i + 64 <= n {
+                let s = src.add(i).cast::<__m128i>();
+                let d = dst.add(i).cast::<__m128i>();
+                let (a, b) = (_mm_loadu_si128(s), _mm_loadu_si128(s.add(1)));
+                let (c, e) = (_mm_loadu_si128(s.add(2)), _mm_loadu_si128(s.add(3)));
+                _mm_stream_si128(d, a);
+                _mm_stream_si128(d.add(1), b);
+                _mm_stream_si128(d.add(2), c);
+                _mm_stream_si128(d.add(3), e);
+                i += 64;
+            }
+            core::ptr::copy_nonoverlapping(src.add(i), dst.add(i), n - i);
+            _mm_sfence();
+        }
+        return;
+    }
+    // SAFETY: the caller's contract.
+    unsafe { core::ptr::copy_nonoverlapping(src, dst, n) };
+    #[cfg(target_arch = "x86_64")]
+    if stores == Stores::Demoted {
+        let end = dst as usize + n;
+        let mut line = dst as usize & !63;
+        while line < end {
+            // SAFETY: cldemote is a hint that reads and writes nothing (its encoding is a NOP
+            // on processors without it); the address is a line of `dst`.
+            unsafe {
+                core::arch::asm!("cldemote [{0}]", in(reg) line, options(nostack, preserves_flags))
+            };
+            line += 64;
+        }
+    }
+    let _ = stores;
 }
 
 /// Threads that take part in a [`copy_parallel`]: the team's workers and the caller.
@@ -90,6 +195,8 @@ struct Shared {
     src: AtomicPtr<u8>,
     len: AtomicUsize,
     part: AtomicUsize,
+    /// The current copy's [`Stores`] (as [`Stores::to_u8`]).
+    stores: AtomicU8,
     /// Parts of the current copy that are done.
     done: AtomicUsize,
     /// Workers parked on `wake` (or about to be).
@@ -121,12 +228,13 @@ impl Shared {
                     let n = part.min(len - start);
                     let src = self.src.load(Ordering::Relaxed);
                     let dst = self.dst.load(Ordering::Relaxed);
+                    let stores = Stores::from_u8(self.stores.load(Ordering::Relaxed));
                     // SAFETY: the claim above succeeded on this copy's ticket, so the fields
                     // read after it (published before the ticket) are this copy's; the poster
                     // keeps both slices borrowed until `done` counts every part, which needs
                     // this part's increment below; part `next` lies in both slices and is
                     // claimed by this thread only.
-                    unsafe { core::ptr::copy_nonoverlapping(src.add(start), dst.add(start), n) };
+                    unsafe { copy_raw(dst.add(start), src.add(start), n, stores) };
                     self.done.fetch_add(1, Ordering::Release);
                     ticket = self.ticket.load(Ordering::Acquire);
                 }
@@ -156,6 +264,7 @@ impl Team {
             src: AtomicPtr::new(core::ptr::null_mut()),
             len: AtomicUsize::new(0),
             part: AtomicUsize::new(0),
+            stores: AtomicU8::new(0),
             done: AtomicUsize::new(0),
             sleepers: AtomicUsize::new(0),
             park: Mutex::new(()),
@@ -179,7 +288,7 @@ impl Team {
         })
     }
 
-    fn copy(&self, dst: &mut [u8], src: &[u8], part: usize) {
+    fn copy(&self, dst: &mut [u8], src: &[u8], part: usize, stores: Stores) {
         let len = src.len();
         let part = part.max(len.div_ceil(MAX_PARTS));
         let parts = len.div_ceil(part);
@@ -193,6 +302,7 @@ impl Team {
         shared.src.store(src.as_ptr().cast_mut(), Ordering::Relaxed);
         shared.len.store(len, Ordering::Relaxed);
         shared.part.store(part, Ordering::Relaxed);
+        shared.stores.store(stores.to_u8(), Ordering::Relaxed);
         shared.done.store(0, Ordering::Relaxed);
         shared
             .ticket
@@ -274,8 +384,52 @@ mod tests {
             let mut dst = vec![0u8; len];
             copy_parallel(&mut dst, &src, part);
             assert!(dst == src, "copy of {len} bytes in parts of {part} differs");
+            for stores in [Stores::Streaming, Stores::Demoted] {
+                dst.fill(0);
+                copy_parallel_with(&mut dst, &src, part, stores);
+                assert!(
+                    dst == src,
+                    "{stores:?} copy of {len} bytes, parts of {part}, differs"
+                );
+            }
         }
         assert!(copy_threads() >= 1);
+    }
+
+    #[test]
+    fn streaming_and_demoted_copies_are_exact_at_any_alignment() {
+        // Destinations and sources off the 16-byte grid, lengths that leave heads and tails,
+        // and parts that split at odd offsets: nothing outside the destination is touched.
+        let src = pattern((1 << 20) + 200, 5);
+        for (dst_off, src_off, len, part) in [
+            (1usize, 0usize, 15usize, 0usize),
+            (3, 7, 100, 0),
+            (5, 9, (256 << 10) + 77, 64 << 10),
+            (13, 1, 1 << 20, (96 << 10) + 3),
+            (0, 0, 1 << 20, 128 << 10),
+        ] {
+            for stores in [Stores::Streaming, Stores::Demoted] {
+                let mut out = vec![0xAAu8; len + dst_off + 32];
+                copy_parallel_with(
+                    &mut out[dst_off..dst_off + len],
+                    &src[src_off..src_off + len],
+                    part,
+                    stores,
+                );
+                assert!(
+                    out[dst_off..dst_off + len] == src[src_off..src_off + len],
+                    "{stores:?} copy of {len} bytes at +{dst_off}/+{src_off} differs"
+                );
+                assert!(
+                    out[..dst_off].iter().all(|&b| b == 0xAA),
+                    "bytes before written"
+                );
+                assert!(
+                    out[dst_off + len..].iter().all(|&b| b == 0xAA),
+                    "bytes after written"
+                );
+            }
+        }
     }
 
     #[test]

@@ -284,8 +284,8 @@ pub fn burst_of_tensors_reads_back_exact<R: Runtime>(client: ComputeClient<R>) {
     }
 }
 
-/// Large pageable writes (the sizes where a backend stages through pinned memory in pieces) land
-/// exactly: back-to-back writes into one buffer (the later wins), writes from a second stream,
+/// Pageable writes from 200 KiB to 40 MiB (the sizes where a backend stages through pinned memory,
+/// in pieces, with whatever stores it picks by size) land exactly: back-to-back writes into one buffer (the later wins), writes from a second stream,
 /// and a write after `memory_cleanup` (which may release staging memory).
 pub fn large_pageable_writes_land_exact<R: Runtime>(client: ComputeClient<R>) {
     let pattern = |len: usize, seed: usize| -> Vec<u8> {
@@ -294,9 +294,15 @@ pub fn large_pageable_writes_land_exact<R: Runtime>(client: ComputeClient<R>) {
     let mut other = client.clone();
     // SAFETY: the stream is fresh and only used from this thread.
     unsafe { other.set_stream(StreamId::fresh()) };
-    for (k, len) in [3usize << 20, (17 << 20) + 5, 40 << 20]
-        .into_iter()
-        .enumerate()
+    for (k, len) in [
+        (200usize << 10) + 3,
+        (1 << 20) + 17,
+        3 << 20,
+        (17 << 20) + 5,
+        40 << 20,
+    ]
+    .into_iter()
+    .enumerate()
     {
         let first = pattern(len, k);
         let second = pattern(len, k + 100);

@@ -45,8 +45,9 @@ pub enum Stores {
     Streaming,
     /// Plain stores, then `cldemote` of every written line (x86-64; a no-op on processors
     /// without it): the lines move from the core's private cache to the shared last-level
-    /// cache, where the device reads them without a snoop of the core (on the H200 host: 1 MiB
-    /// writes staged at 0.98-0.99 of the pinned DMA, 64 MiB writes at 0.94-0.97).
+    /// cache, where the device reads them without a snoop of the core (on the H200 host, a loop
+    /// of staged 1 MiB copies reached 0.98-0.99 of the pinned DMA; the copy itself takes 70%
+    /// longer than with plain stores).
     Demoted,
 }
 

@@ -222,6 +222,21 @@ impl StagingRing {
         Ok(())
     }
 
+    /// Close the open slot if its copies were enqueued on `stream`. A capture on `stream` calls
+    /// this before it begins: the closing event would otherwise be recorded later, by a write
+    /// from another stream, into the capture (where it becomes a graph node that nothing can
+    /// wait on, and the next wait for the slot fails).
+    fn close_on(
+        &mut self,
+        stream: Raw<sys::CUstream>,
+        events: &mut EventPool,
+    ) -> Result<(), ServerError> {
+        match &self.open {
+            Some(open) if open.stream.0 == stream.0 => self.close(events),
+            _ => Ok(()),
+        }
+    }
+
     /// Room for `len` bytes (at most one slot) staged for a copy on `stream`: the slot and the
     /// offset in it. Closes the open slot when the piece does not fit or the stream differs, and
     /// waits for the next slot's last copies before handing it out.
@@ -1235,8 +1250,11 @@ impl ComputeServer for CudaServer {
             .streams
             .get_mut(&stream)
             .unwrap_or_else(|| unreachable!("created by `stream` just above"));
-        // What earlier commands keep alive gets its event before the capture starts.
+        // What earlier commands keep alive gets its event before the capture starts, and so do
+        // the staging slots this stream's last writes copied from.
         state.seal(events)?;
+        self.staging.close_on(state.raw, events)?;
+        self.small_staging.close_on(state.raw, events)?;
         // SAFETY: the stream is alive and not capturing.
         unsafe {
             result::stream::begin_capture(

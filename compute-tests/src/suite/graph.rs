@@ -1,6 +1,6 @@
 //! Graph capture and replay.
 
-use compute_core::{ComputeClient, Runtime, ServerError, StreamId, block_on};
+use compute_core::{Bytes, ComputeClient, Runtime, ServerError, StreamId, block_on};
 
 use crate::kernels;
 use crate::util::{f32_bytes, ramp};
@@ -72,4 +72,48 @@ pub fn capture_rejects_sync_and_fresh_allocation<R: Runtime>(mut client: Compute
         client.read_one(out).unwrap().to_elems::<f32>(),
         vec![4.0; 4]
     );
+}
+
+/// Writes, reads and a memory cleanup on another stream while a capture runs, right after the
+/// capturing stream's own writes: both streams' bytes land exact and the capture is not
+/// disturbed (a backend that shares staging memory between streams must not record anything
+/// on the capturing stream).
+pub fn capture_beside_writes_on_other_streams<R: Runtime>(mut client: ComputeClient<R>) {
+    // SAFETY: dedicated streams used by this thread only.
+    unsafe { client.set_stream(StreamId::fresh()) };
+    let mut other = client.clone();
+    // SAFETY: as above.
+    unsafe { other.set_stream(StreamId::fresh()) };
+    let n = 1024;
+    let kernel = kernels::add_f32(1);
+    client.graph_prepare().unwrap();
+    let input = client.create(f32_bytes(&ramp(n, 1.0)));
+    let ones = client.create(f32_bytes(&vec![1.0; n]));
+    let out = client.empty(n * 4);
+    kernels::launch_binary(&client, &kernel, &input, &ones, &out, n, 1);
+    block_on(client.sync()).unwrap();
+    // The capturing stream's last command before the capture is a pageable write.
+    client.write(&ones, f32_bytes(&vec![2.0; n]));
+    client.start_capture().unwrap();
+    kernels::launch_binary(&client, &kernel, &input, &ones, &out, n, 1);
+    let len = 60_000;
+    let side = other.empty(len);
+    for round in 0..40 {
+        let bytes: Vec<u8> = (0..len).map(|i| ((i + round * 7) % 251) as u8).collect();
+        other.write(&side, Bytes::from_vec(bytes.clone()));
+        if round % 10 == 9 {
+            other.memory_cleanup();
+        }
+        let got = other.read_one(side.clone()).unwrap();
+        assert!(
+            got[..] == bytes[..],
+            "write {round} on the other stream differs"
+        );
+    }
+    let graph = client.stop_capture().unwrap();
+    graph.replay().unwrap();
+    let expected: Vec<f32> = ramp(n, 1.0).iter().map(|v| v + 2.0).collect();
+    assert_eq!(client.read_one(out).unwrap().to_elems::<f32>(), expected);
+    drop(graph);
+    block_on(client.sync()).unwrap();
 }

@@ -111,6 +111,7 @@ macro_rules! for_each_test {
             launch::launch_argument_errors_are_reported,
             graph::graph_replay_with_refreshed_inputs,
             graph::capture_rejects_sync_and_fresh_allocation,
+            graph::capture_beside_writes_on_other_streams,
             collective::all_reduce_sum_and_mean,
             collective::all_reduce_orders_with_compute,
             collective::collective_errors,

@@ -48,8 +48,9 @@ use crate::stream::{EventPool, GraphExec, KeepAlive, StreamState, WaitEvent, Wai
 /// a few lines only; the largest writes are copied with plain stores (their source is read from
 /// memory, the host copy is what bounds them, and `cldemote` only adds to it). Measured on the
 /// H200 host against the pinned DMA: 1 MiB writes ran at 0.37-0.43 with plain stores in 256 KiB
-/// parts, 0.79-0.94 (median 0.89 over 5 runs) demoted in 32 KiB parts; 1 GiB writes 0.95-0.97
-/// with plain stores, 0.89-0.97 demoted.
+/// parts, 0.78-0.98 (median 0.89 over 11 runs) demoted in 32 KiB parts; 1 GiB writes 0.95-0.97
+/// with plain stores, 0.89-0.97 demoted. Copying a share (25-60%) of a demoted write with
+/// non-temporal stores did not help (1 MiB 0.77-0.93, 64 MiB 0.86-0.91).
 /// `COMPUTE_CUDA_STAGING="divisor,min_kib,max_kib,ring[,direct_kib[,streaming_kib[,demote_kib[,part_kib]]]]"`
 /// overrides the defaults (for tuning on a given host).
 #[derive(Debug, Clone, Copy)]

@@ -40,6 +40,7 @@ macro_rules! for_each_test {
             transfer::burst_of_tensors_reads_back_exact,
             transfer::large_pageable_writes_land_exact,
             transfer::many_small_writes_land_exact,
+            transfer::back_to_back_pageable_writes_land_exact,
             memory::memory_usage_is_exact,
             memory::memory_stays_flat_over_iterations,
             memory::memory_cleanup_releases_free_pages,

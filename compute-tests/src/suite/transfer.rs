@@ -371,3 +371,51 @@ pub fn many_small_writes_land_exact<R: Runtime>(client: ComputeClient<R>) {
         );
     }
 }
+
+/// A burst of pageable writes from 130 KiB to 1 MiB, issued back to back without waiting (a
+/// backend may still be copying one on the host while the next is issued), alternating between
+/// two streams now and then; some are read back at once from the other stream and then
+/// overwritten from it. Every byte lands where it was last written.
+pub fn back_to_back_pageable_writes_land_exact<R: Runtime>(client: ComputeClient<R>) {
+    const SIZES: [usize; 4] = [(130 << 10) + 5, 300 << 10, (1 << 20) + 1, 520 << 10];
+    const WRITES: usize = 48;
+    let pattern = |i: usize, len: usize| -> Vec<u8> {
+        (0..len).map(|j| ((i * 29 + j * 7) % 249) as u8).collect()
+    };
+    let mut other = client.clone();
+    // SAFETY: the stream is fresh and only used from this thread.
+    unsafe { other.set_stream(StreamId::fresh()) };
+    let slot = 1 << 20 | 4096;
+    let shared = client.empty(slot * WRITES);
+    let mut early = Vec::new();
+    for i in 0..WRITES {
+        let len = SIZES[i % SIZES.len()];
+        let target = shared.clone().range((i * slot) as u64, len as u64).unwrap();
+        let writer = if i % 5 == 3 { &other } else { &client };
+        writer.write(&target, Bytes::from_vec(pattern(i, len)));
+        if i % 7 == 0 {
+            // Read on the other stream at once: it must wait for the write.
+            let reader = if i % 5 == 3 { &client } else { &other };
+            early.push((i, reader.read_one(target.clone()).unwrap()));
+            // Then overwrite the range from the stream that read it.
+            reader.write(&target, Bytes::from_vec(pattern(i + 1000, len)));
+        }
+    }
+    for (i, got) in early {
+        let len = SIZES[i % SIZES.len()];
+        assert!(
+            got[..] == pattern(i, len)[..],
+            "write {i} ({len} bytes) read at once from the other stream differs"
+        );
+    }
+    block_on(other.sync()).unwrap();
+    let got = client.read_one(shared).unwrap();
+    for i in 0..WRITES {
+        let len = SIZES[i % SIZES.len()];
+        let want = pattern(if i % 7 == 0 { i + 1000 } else { i }, len);
+        assert!(
+            got[i * slot..i * slot + len] == want[..],
+            "write {i} ({len} bytes) differs"
+        );
+    }
+}

@@ -17,7 +17,7 @@
 //! only). A copy never depends on a worker: the caller works through the parts itself, so a
 //! worker that is late (or could not be started) only means fewer hands.
 
-use std::sync::atomic::{AtomicPtr, AtomicU8, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicPtr, AtomicU8, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -94,54 +94,6 @@ pub fn copy_parallel_with(dst: &mut [u8], src: &[u8], part: usize, stores: Store
     match team() {
         Some(team) => team.copy(dst, src, part, stores),
         None => copy_part(dst, src, stores),
-    }
-}
-
-/// Start `dst[..len] = src[..len]` on the copy team and return before it is done; once every
-/// byte is copied, `value` is stored into `*signal` (with release ordering). Returns `true` when
-/// the team took the copy, `false` when it was done on the calling thread before the return
-/// (no team, or a copy too small to split: see [`copy_parallel`]); `*signal` holds `value` in
-/// both cases once the copy is done.
-///
-/// The team runs one copy at a time: a later copy (posted or not) first helps the posted one to
-/// its end, so posted copies finish, and store their signals, in the order they were posted.
-/// This lets a device stream wait for the signal (CUDA's `cuStreamWaitValue32`) and then read
-/// `dst`, while the caller goes on: the host copy overlaps the caller's next calls.
-///
-/// # Safety
-/// `src` must be valid for `len` bytes of reads and `dst` for `len` bytes of writes, they must
-/// not overlap, nothing else may write `src` or access `dst`, and `signal` must stay valid, until
-/// the copy is done: until `*signal` holds `value`, [`finish_posted`] returned, or a later copy
-/// returned.
-pub unsafe fn post_copy(
-    dst: *mut u8,
-    src: *const u8,
-    len: usize,
-    part: usize,
-    stores: Stores,
-    signal: *mut u32,
-    value: u32,
-) -> bool {
-    let team = team().filter(|_| part > 0 && len >= MIN_PARALLEL && len > part);
-    let Some(team) = team else {
-        finish_posted();
-        // SAFETY: the caller's contract covers both ranges and the signal.
-        unsafe {
-            copy_raw(dst, src, len, stores);
-            AtomicU32::from_ptr(signal).store(value, Ordering::Release);
-        }
-        return false;
-    };
-    // SAFETY: forwarded from the caller.
-    unsafe { team.post(dst, src, len, part, stores, Some((signal, value))) };
-    true
-}
-
-/// Wait until the copy posted last by [`post_copy`] (if any) is done, helping with its parts.
-pub fn finish_posted() {
-    if let Some(team) = team() {
-        let turn = lock(&team.turn);
-        team.drain(&turn);
     }
 }
 
@@ -246,13 +198,8 @@ struct Shared {
     part: AtomicUsize,
     /// The current copy's [`Stores`] (as `u8`).
     stores: AtomicU8,
-    /// Where the current copy stores its `value` once done (null: nowhere).
-    signal: AtomicPtr<u32>,
-    value: AtomicU32,
     /// Parts of the current copy that are done.
     done: AtomicUsize,
-    /// The last generation whose every part is done (and whose signal is stored).
-    retired: AtomicU32,
     /// Workers parked on `wake` (or about to be).
     sleepers: AtomicUsize,
     park: Mutex<()>,
@@ -283,24 +230,13 @@ impl Shared {
                     let src = self.src.load(Ordering::Relaxed);
                     let dst = self.dst.load(Ordering::Relaxed);
                     let stores = Stores::from_u8(self.stores.load(Ordering::Relaxed));
-                    let signal = self.signal.load(Ordering::Relaxed);
-                    let value = self.value.load(Ordering::Relaxed);
                     // SAFETY: the claim above succeeded on this copy's ticket, so the fields
                     // read after it (published before the ticket) are this copy's; the poster
-                    // keeps both ranges valid until `retired` names this copy, which needs
-                    // this part's increment below; part `next` lies in both ranges and is
+                    // keeps both slices borrowed until `done` counts every part, which needs
+                    // this part's increment below; part `next` lies in both slices and is
                     // claimed by this thread only.
                     unsafe { copy_raw(dst.add(start), src.add(start), n, stores) };
-                    if self.done.fetch_add(1, Ordering::AcqRel) + 1 == parts {
-                        // The last part: every other part's bytes happen before this (acquire
-                        // above). The signal is stored before the copy retires, so a later
-                        // copy's signal can never be overwritten by this one's.
-                        if !signal.is_null() {
-                            // SAFETY: the poster keeps the signal valid until the copy retires.
-                            unsafe { AtomicU32::from_ptr(signal).store(value, Ordering::Release) };
-                        }
-                        self.retired.store(generation, Ordering::Release);
-                    }
+                    self.done.fetch_add(1, Ordering::Release);
                     ticket = self.ticket.load(Ordering::Acquire);
                 }
                 Err(actual) => ticket = actual,
@@ -309,16 +245,9 @@ impl Shared {
     }
 }
 
-/// The team's turn: the last generation posted, and whether it may still run (a posted copy
-/// that nobody has waited for yet).
-struct Turn {
-    generation: u32,
-    posted: bool,
-}
-
 struct Team {
-    /// One copy at a time (concurrent callers take turns).
-    turn: Mutex<Turn>,
+    /// One copy at a time (concurrent callers take turns); holds the last generation posted.
+    turn: Mutex<u32>,
     shared: Arc<Shared>,
     workers: usize,
 }
@@ -337,10 +266,7 @@ impl Team {
             len: AtomicUsize::new(0),
             part: AtomicUsize::new(0),
             stores: AtomicU8::new(0),
-            signal: AtomicPtr::new(core::ptr::null_mut()),
-            value: AtomicU32::new(0),
             done: AtomicUsize::new(0),
-            retired: AtomicU32::new(0),
             sleepers: AtomicUsize::new(0),
             park: Mutex::new(()),
             wake: Condvar::new(),
@@ -357,82 +283,27 @@ impl Team {
             workers += 1;
         }
         (workers > 0).then(|| Team {
-            turn: Mutex::new(Turn {
-                generation: 0,
-                posted: false,
-            }),
+            turn: Mutex::new(0),
             shared,
             workers,
         })
     }
 
     fn copy(&self, dst: &mut [u8], src: &[u8], part: usize, stores: Stores) {
-        // SAFETY: two distinct slices of the same length, borrowed until `post` returns, which
-        // it does once the copy retired (no signal: it waits).
-        unsafe {
-            self.post(
-                dst.as_mut_ptr(),
-                src.as_ptr(),
-                src.len(),
-                part,
-                stores,
-                None,
-            )
-        }
-    }
-
-    /// Wait for the posted copy (if any) to retire, working on its parts meanwhile.
-    fn drain(&self, turn: &Turn) {
-        if turn.posted {
-            self.shared.work(turn.generation);
-            self.wait_retired(turn.generation);
-        }
-    }
-
-    fn wait_retired(&self, generation: u32) {
-        // The parts still running are in other threads' hands: at most one part's copy each.
-        let mut spins = 0u32;
-        while self.shared.retired.load(Ordering::Acquire) != generation {
-            spins += 1;
-            if spins < 1 << 12 {
-                core::hint::spin_loop();
-            } else {
-                std::thread::yield_now();
-            }
-        }
-    }
-
-    /// Copy `len` bytes in parts over the team. With a `signal`, return once the copy is posted
-    /// (the team finishes it and stores the signal); without, once it is done.
-    ///
-    /// # Safety
-    /// As [`post_copy`] (with a signal), or both ranges valid until this returns (without).
-    unsafe fn post(
-        &self,
-        dst: *mut u8,
-        src: *const u8,
-        len: usize,
-        part: usize,
-        stores: Stores,
-        signal: Option<(*mut u32, u32)>,
-    ) {
+        let len = src.len();
         let part = part.max(len.div_ceil(MAX_PARTS));
         let parts = len.div_ceil(part);
         let shared = &*self.shared;
         let mut turn = lock(&self.turn);
-        self.drain(&turn);
-        turn.generation = turn.generation.wrapping_add(1);
-        let generation = turn.generation;
-        // The previous copy retired, so nobody reads these fields until the ticket below
-        // publishes them.
-        let (signal, value) = signal.unwrap_or((core::ptr::null_mut(), 0));
-        shared.dst.store(dst, Ordering::Relaxed);
-        shared.src.store(src.cast_mut(), Ordering::Relaxed);
+        *turn = turn.wrapping_add(1);
+        let generation = *turn;
+        // The previous copy is finished (its poster waited for every part), so nobody reads
+        // these fields until the ticket below publishes them.
+        shared.dst.store(dst.as_mut_ptr(), Ordering::Relaxed);
+        shared.src.store(src.as_ptr().cast_mut(), Ordering::Relaxed);
         shared.len.store(len, Ordering::Relaxed);
         shared.part.store(part, Ordering::Relaxed);
         shared.stores.store(stores as u8, Ordering::Relaxed);
-        shared.signal.store(signal, Ordering::Relaxed);
-        shared.value.store(value, Ordering::Relaxed);
         shared.done.store(0, Ordering::Relaxed);
         shared
             .ticket
@@ -441,14 +312,16 @@ impl Team {
             let _park = lock(&shared.park);
             shared.wake.notify_all();
         }
-        if signal.is_null() {
-            turn.posted = false;
-            shared.work(generation);
-            self.wait_retired(generation);
-        } else {
-            // The workers (awake or woken above) take the parts; the next copy, or
-            // `finish_posted`, waits for them.
-            turn.posted = true;
+        shared.work(generation);
+        // The parts still running are in other threads' hands: at most one part's copy each.
+        let mut spins = 0u32;
+        while shared.done.load(Ordering::Acquire) < parts {
+            spins += 1;
+            if spins < 1 << 12 {
+                core::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
         }
         drop(turn);
     }
@@ -602,82 +475,6 @@ mod tests {
         let mut out = vec![0u8; big.len()];
         copy_parallel(&mut out, &big, 4);
         assert!(out == big, "copy of more than MAX_PARTS parts differs");
-    }
-
-    #[test]
-    fn posted_copies_signal_in_order_and_land_exact() {
-        // Copies posted back to back (each returns before it is done) store their signals in
-        // the order they were posted: a thread watching the word never sees it go back.
-        const COPIES: usize = 300;
-        let signal = Box::leak(Box::new(AtomicU32::new(0)));
-        let word = signal.as_ptr();
-        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let watcher = {
-            let stop = stop.clone();
-            let word = word as usize;
-            std::thread::spawn(move || {
-                // SAFETY: the word is leaked, so it lives for the whole process.
-                let signal = unsafe { AtomicU32::from_ptr(word as *mut u32) };
-                let mut last = 0u32;
-                let mut seen = 0usize;
-                while !stop.load(Ordering::Acquire) {
-                    let now = signal.load(Ordering::Acquire);
-                    assert!(now >= last, "signal went back from {last} to {now}");
-                    seen += usize::from(now != last);
-                    last = now;
-                }
-                seen
-            })
-        };
-        let sizes = [256 << 10, (1 << 20) + 3, 130 << 10, 100];
-        let sources: Vec<Vec<u8>> = (0..COPIES)
-            .map(|i| pattern(sizes[i % sizes.len()], i))
-            .collect();
-        let mut dsts: Vec<Vec<u8>> = sources.iter().map(|s| vec![0u8; s.len()]).collect();
-        let mut on_team = 0;
-        for (i, (src, dst)) in sources.iter().zip(dsts.iter_mut()).enumerate() {
-            let stores = [Stores::Cached, Stores::Streaming, Stores::Demoted][i % 3];
-            // SAFETY: `src` and `dst` outlive `finish_posted` below, are distinct and of the
-            // same length; nothing else touches them meanwhile; the word is leaked.
-            let posted = unsafe {
-                post_copy(
-                    dst.as_mut_ptr(),
-                    src.as_ptr(),
-                    src.len(),
-                    32 << 10,
-                    stores,
-                    word,
-                    i as u32 + 1,
-                )
-            };
-            on_team += usize::from(posted);
-            if !posted {
-                // Done on this thread: the signal already holds its value.
-                assert_eq!(signal.load(Ordering::Acquire), i as u32 + 1);
-            }
-        }
-        finish_posted();
-        assert_eq!(signal.load(Ordering::Acquire), COPIES as u32);
-        stop.store(true, Ordering::Release);
-        let seen = watcher.join().expect("watcher");
-        assert!(seen > 0, "the watcher saw no signal");
-        for (i, (src, dst)) in sources.iter().zip(&dsts).enumerate() {
-            assert!(dst == src, "posted copy {i} of {} bytes differs", src.len());
-        }
-        if copy_threads() > 1 {
-            assert_eq!(
-                on_team,
-                COPIES - COPIES / 4,
-                "every splittable copy is posted"
-            );
-        } else {
-            assert_eq!(on_team, 0, "without workers every copy runs on the caller");
-        }
-        // A plain copy after posted ones waits for them first and is exact too.
-        let src = pattern(1 << 20, 77);
-        let mut dst = vec![0u8; src.len()];
-        copy_parallel(&mut dst, &src, 64 << 10);
-        assert!(dst == src);
     }
 
     #[test]

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use compute_core::{HostBuffer, ServerError};
 use cudarc::driver::{result, sys};
 
-use crate::driver::{Check, Context, Raw};
+use crate::driver::{Context, Raw};
 
 /// Smallest size class, in bytes.
 const MIN_CLASS: usize = 4096;
@@ -186,92 +186,5 @@ impl HostBuffer for PinnedBuffer {
 impl Drop for PinnedBuffer {
     fn drop(&mut self) {
         self.pool.give_back(self.ptr, self.class);
-    }
-}
-
-/// A word of pinned, device-mapped host memory that streams wait on (`cuStreamWaitValue32`)
-/// before the DMA of a staged piece whose host copy the copy team is still doing; the team
-/// stores the piece's value into it once the copy is done (see
-/// [`compute_core::copy::post_copy`]). Values only grow (cyclically), in the order the copies
-/// were posted.
-pub(crate) struct HostSignal {
-    context: Arc<Context>,
-    host: Raw<*mut u32>,
-    device: sys::CUdeviceptr,
-    last: u32,
-}
-
-impl HostSignal {
-    /// A word set to 0, or the driver's error (no mapped pinned memory).
-    pub(crate) fn new(context: Arc<Context>) -> Result<Self, ServerError> {
-        context.bind()?;
-        // SAFETY: plain allocation of one cache line of pinned memory mapped into the device's
-        // address space.
-        let raw = unsafe {
-            result::malloc_host(
-                64,
-                sys::CU_MEMHOSTALLOC_PORTABLE | sys::CU_MEMHOSTALLOC_DEVICEMAP,
-            )
-        }
-        .check("cuMemHostAlloc of the staging signal")?;
-        let host = raw.cast::<u32>();
-        // SAFETY: `host` is a fresh allocation of 64 bytes, aligned for a u32.
-        unsafe { host.write(0) };
-        let mut device = 0;
-        // SAFETY: `host` was allocated with CU_MEMHOSTALLOC_DEVICEMAP; the driver writes one
-        // device pointer.
-        let mapped = unsafe { sys::cuMemHostGetDevicePointer_v2(&mut device, raw, 0) }.result();
-        if let Err(e) = mapped {
-            // SAFETY: allocated above and used by nothing.
-            let _ = unsafe { result::free_host(raw) };
-            return Err(e).check("cuMemHostGetDevicePointer of the staging signal");
-        }
-        Ok(Self {
-            context,
-            host: Raw(host),
-            device,
-            last: 0,
-        })
-    }
-
-    /// The value for the next posted copy (one past the last).
-    pub(crate) fn next(&mut self) -> u32 {
-        self.last = self.last.wrapping_add(1);
-        self.last
-    }
-
-    /// The word, for the copy team to store into.
-    pub(crate) fn word(&self) -> *mut u32 {
-        self.host.0
-    }
-
-    /// Make `stream` wait until the word reached `value` (a cyclic comparison).
-    pub(crate) fn wait(&self, stream: sys::CUstream, value: u32) -> Result<(), ServerError> {
-        // SAFETY: the stream is alive (the caller's); the word is mapped and outlives every
-        // wait on it (dropping the signal waits for the posted copy first, and the server's
-        // streams are idle by then).
-        unsafe {
-            sys::cuStreamWaitValue32_v2(
-                stream,
-                self.device,
-                value,
-                sys::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_GEQ as u32,
-            )
-        }
-        .result()
-        .check("cuStreamWaitValue32 on the staging signal")
-    }
-}
-
-impl Drop for HostSignal {
-    fn drop(&mut self) {
-        // The last posted copy may still store into the word.
-        compute_core::copy::finish_posted();
-        if self.context.bind().is_err() {
-            return;
-        }
-        // SAFETY: allocated in `new`; no copy stores into it any more and the streams that
-        // waited on it are idle (the server syncs them before its fields drop).
-        let _ = unsafe { result::free_host(self.host.0.cast()) };
     }
 }

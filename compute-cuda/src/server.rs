@@ -27,7 +27,7 @@ use crate::compiler::{self, CompiledKernel, Target};
 use crate::device::CudaDevice;
 use crate::driver::{Check, Context, Raw};
 use crate::kernel::CudaKernel;
-use crate::pinned::{HostSignal, PinnedBuffer, PinnedPool};
+use crate::pinned::{PinnedBuffer, PinnedPool};
 use crate::storage::{CUDA_ALIGNMENT, CudaResource, CudaStorage};
 use crate::stream::{EventPool, GraphExec, KeepAlive, StreamState, WaitEvent, WaitEvents};
 
@@ -296,19 +296,13 @@ impl StagingRing {
 /// `part` bytes and about two per thread (threads that start late still find work); the others
 /// in parts of `part` bytes, so that each core holds few of the lines the DMA reads next.
 fn parallel_copy(dst: &mut [u8], src: &[u8], stores: Stores, part: usize) {
-    let part = copy_part(src.len(), stores, part);
-    compute_core::copy::copy_parallel_with(dst, src, part, stores);
-}
-
-/// The part size of a staging copy of `len` bytes (see [`parallel_copy`]).
-fn copy_part(len: usize, stores: Stores, part: usize) -> usize {
     let part = if stores == Stores::Cached {
         let threads = compute_core::copy::copy_threads();
-        len.div_ceil(threads * 2).max(part)
+        src.len().div_ceil(threads * 2).max(part)
     } else {
         part
     };
-    part.next_multiple_of(64)
+    compute_core::copy::copy_parallel_with(dst, src, part.next_multiple_of(64), stores);
 }
 
 /// Backend information of a CUDA server.
@@ -496,14 +490,6 @@ pub struct CudaServer {
     /// Where writes of at most [`SMALL_PIECE`] bytes are staged: a ring small enough to stay in
     /// the core's cache (fresh lines of the large ring cost their fetch on every write).
     small_staging: StagingRing,
-    /// What posted staging copies signal once done (see [`Self::write_staged`]).
-    signal: Option<HostSignal>,
-    signal_tried: bool,
-    /// A wait on the signal failed: writes wait for their host copies on the calling thread.
-    signal_failed: bool,
-    /// The bytes the last posted staging copy reads, kept until a later copy is posted or the
-    /// staging is released.
-    posted_source: Option<Bytes>,
     kernels: HashMap<(KernelId, bool), Arc<CompiledKernel>>,
     graphs: HashMap<GraphId, CudaGraph>,
     profiles: HashMap<u64, Raw<sys::CUevent>>,
@@ -552,10 +538,6 @@ impl CudaServer {
             pinned,
             staging: StagingRing::default(),
             small_staging: StagingRing::default(),
-            signal: None,
-            signal_tried: false,
-            signal_failed: false,
-            posted_source: None,
             kernels: HashMap::new(),
             graphs: HashMap::new(),
             profiles: HashMap::new(),
@@ -745,62 +727,16 @@ impl CudaServer {
         Ok(event)
     }
 
-    /// The signal posted staging copies store into, created on first use; `None` when posted
-    /// copies are off (`COMPUTE_CUDA_POSTED_STAGING=0`) or the driver cannot map the word.
-    fn host_signal(&mut self) -> Option<&mut HostSignal> {
-        if self.signal.is_none() && !self.signal_tried {
-            self.signal_tried = true;
-            let wanted =
-                std::env::var("COMPUTE_CUDA_POSTED_STAGING").map_or(true, |v| v.trim() != "0");
-            if wanted {
-                match HostSignal::new(self.context.clone()) {
-                    Ok(signal) => self.signal = Some(signal),
-                    Err(e) => eprintln!(
-                        "compute-cuda: staged writes wait for their host copy on the calling \
-                         thread ({e})"
-                    ),
-                }
-            }
-        }
-        self.signal.as_mut()
-    }
-
     /// A pageable write, staged piece by piece through the server's [`StagingRing`]: the host
     /// copy of one piece overlaps the DMA of the ones before it (of this write and of the writes
     /// before it), and a slot is reused once the event closing it completed.
-    ///
-    /// Copies the copy team can split are posted ([`compute_core::copy::post_copy`]): the stream
-    /// waits for the [`HostSignal`] the team stores once the piece is copied, then runs its DMA,
-    /// and the caller goes on while the team copies. The host copy of a piece then overlaps the
-    /// enqueueing of its DMA and the caller's next calls, not only earlier DMAs. Returns whether
-    /// a copy was posted: `src` must then stay alive until the next copy is posted or
-    /// [`compute_core::copy::finish_posted`] returned (on an error, this waited for it).
     fn write_staged(
         &mut self,
         stream: Raw<sys::CUstream>,
         dst: sys::CUdeviceptr,
         src: &[u8],
-    ) -> Result<bool, ServerError> {
-        let mut posted = false;
-        let staged = self.write_pieces(stream, dst, src, &mut posted);
-        if staged.is_err() && posted {
-            compute_core::copy::finish_posted();
-        }
-        staged.map(|()| posted)
-    }
-
-    fn write_pieces(
-        &mut self,
-        stream: Raw<sys::CUstream>,
-        dst: sys::CUdeviceptr,
-        src: &[u8],
-        posted: &mut bool,
     ) -> Result<(), ServerError> {
         let plan = StagingPlan::get();
-        let (stores, part) = plan.stores(src.len());
-        if src.len() > SMALL_PIECE {
-            self.host_signal();
-        }
         let chunk = plan.chunk(src.len());
         let ring = if src.len() <= SMALL_PIECE {
             self.small_staging
@@ -810,48 +746,12 @@ impl CudaServer {
             self.staging.fill(&self.pinned, plan.ring, plan.max)?;
             &mut self.staging
         };
-        let mut signal = if src.len() > SMALL_PIECE && !self.signal_failed {
-            self.signal.as_mut()
-        } else {
-            None
-        };
-        let mut signal_failed = false;
+        let (stores, part) = plan.stores(src.len());
         for (i, piece) in src.chunks(chunk).enumerate() {
             let (slot, at) = ring.place(piece.len(), stream, &mut self.events)?;
             let buffer = &mut ring.slots[slot].0;
             let staged = &mut compute_core::HostBuffer::as_bytes_mut(buffer)[at..at + piece.len()];
-            match signal.as_deref_mut().filter(|_| !signal_failed) {
-                Some(signal) => {
-                    let value = signal.next();
-                    // SAFETY: `staged` (a ring slot) is not written again before the event
-                    // closing its slot completed, which follows this piece's DMA, which waits
-                    // for the signal below; the caller keeps `src` alive until the next post
-                    // (see above); the signal outlives the copy (its drop waits for it).
-                    let on_team = unsafe {
-                        compute_core::copy::post_copy(
-                            staged.as_mut_ptr(),
-                            piece.as_ptr(),
-                            piece.len(),
-                            copy_part(piece.len(), stores, part),
-                            stores,
-                            signal.word(),
-                            value,
-                        )
-                    };
-                    *posted |= on_team;
-                    if on_team && let Err(e) = signal.wait(stream.0, value) {
-                        // The DMA cannot wait on the device: wait here, and stage the rest
-                        // of this server's writes that way.
-                        compute_core::copy::finish_posted();
-                        eprintln!(
-                            "compute-cuda: staged writes wait for their host copy on the \
-                             calling thread ({e})"
-                        );
-                        signal_failed = true;
-                    }
-                }
-                None => parallel_copy(staged, piece, stores, part),
-            }
+            parallel_copy(staged, piece, stores, part);
             let offset = (i * chunk) as u64;
             // SAFETY: `staged` is pinned and is not written again before the event closing its
             // slot completed; the piece lies inside the target (validated by the caller).
@@ -862,8 +762,6 @@ impl CudaServer {
                 return Err(e);
             }
         }
-        // The word stays allocated: earlier waits on it may not have read it yet.
-        self.signal_failed |= signal_failed;
         Ok(())
     }
 
@@ -897,10 +795,8 @@ impl CudaServer {
                 // bytes; `target` holds `src.len()` bytes (validated).
                 unsafe { result::memcpy_htod_async(target.ptr, src, raw.0) }
                     .check("cuMemcpyHtoDAsync")?;
-            } else if self.write_staged(raw, target.ptr, src)? {
-                // The copy just posted followed every earlier one, so those are done and the
-                // bytes they read can go.
-                self.posted_source = Some(bytes);
+            } else {
+                self.write_staged(raw, target.ptr, src)?;
             }
         } else if contiguous {
             let src = bytes.try_as_slice()?;
@@ -1282,8 +1178,6 @@ impl ComputeServer for CudaServer {
         }
         self.staging.release(&mut self.events);
         self.small_staging.release(&mut self.events);
-        compute_core::copy::finish_posted();
-        self.posted_source = None;
         let events = &mut self.events;
         if let Some(state) = self.streams.get_mut(&stream)
             && state.capture.is_none()
@@ -1597,8 +1491,6 @@ impl Drop for CudaServer {
         }
         self.staging.release(&mut self.events);
         self.small_staging.release(&mut self.events);
-        compute_core::copy::finish_posted();
-        self.posted_source = None;
         self.graphs.clear();
         for (_, event) in self.profiles.drain() {
             // SAFETY: owned by the server; the streams are idle.

@@ -51,7 +51,16 @@ use crate::stream::{EventPool, GraphExec, KeepAlive, StreamState, WaitEvent, Wai
 /// parts, 0.78-0.98 (median 0.89 over 11 runs) demoted in 32 KiB parts; 1 GiB writes 0.95-0.97
 /// with plain stores, 0.89-0.97 demoted. Copying a share (25-60%) of a demoted write with
 /// non-temporal stores did not help (1 MiB 0.77-0.93, 64 MiB 0.86-0.91).
-/// `COMPUTE_CUDA_STAGING="divisor,min_kib,max_kib,ring[,direct_kib[,streaming_kib[,demote_kib[,part_kib]]]]"`
+///
+/// A slot takes pieces up to `fill` bytes (or one larger piece) before it is closed, so the bytes
+/// the ring cycles through, and the cache they must stay in, are about `ring * max(fill, piece)`:
+/// 4 MiB for 1 MiB writes instead of the 32 MiB of slots packed full. On an H200 host whose
+/// last-level cache was shared with busy neighbours, a model loop of 1 MiB demoted copies + DMA
+/// ran at 0.97-0.98 of the pinned DMA (best of 9) through 4 slots of 1 MiB, against 0.78-0.90
+/// through 4 packed slots of 8 MiB; on a quiet host both ran at 0.95-0.99. For the same reason
+/// a 64 MiB write goes in 4 MiB pieces (16 MiB cycled): on a quiet host that ran at 0.94-0.95 of
+/// the pinned DMA, as 8 MiB pieces did.
+/// `COMPUTE_CUDA_STAGING="divisor,min_kib,max_kib,ring[,direct_kib[,streaming_kib[,demote_kib[,part_kib[,fill_kib]]]]]"`
 /// overrides the defaults (for tuning on a given host).
 #[derive(Debug, Clone, Copy)]
 struct StagingPlan {
@@ -63,11 +72,12 @@ struct StagingPlan {
     streaming: usize,
     demote: usize,
     part: usize,
+    fill: usize,
 }
 
 impl StagingPlan {
     const DEFAULT: StagingPlan = StagingPlan {
-        divisor: 8,
+        divisor: 16,
         min: 1 << 20,
         max: 8 << 20,
         ring: 4,
@@ -75,6 +85,7 @@ impl StagingPlan {
         streaming: 512 << 10,
         demote: 64 << 20,
         part: 32 << 10,
+        fill: 1 << 20,
     };
 
     /// The plan of this process: the defaults, or `COMPUTE_CUDA_STAGING` when it parses (a value
@@ -88,16 +99,16 @@ impl StagingPlan {
             Self::parse(&text).unwrap_or_else(|| {
                 eprintln!(
                     "compute-cuda: ignoring COMPUTE_CUDA_STAGING={text:?} (expected \
-                     divisor,min_kib,max_kib,ring[,direct_kib[,streaming_kib[,demote_kib[,part_kib]]]] \
-                     with positive divisor, min, ring and part, and max >= min)"
+                     divisor,min_kib,max_kib,ring[,direct_kib[,streaming_kib[,demote_kib[,part_kib[,fill_kib]]]]] \
+                     with positive divisor, min, ring, part and fill, and max >= min)"
                 );
                 Self::DEFAULT
             })
         })
     }
 
-    /// `divisor,min_kib,max_kib,ring[,direct_kib[,streaming_kib[,demote_kib[,part_kib]]]]`; fields
-    /// left out keep their defaults.
+    /// `divisor,min_kib,max_kib,ring[,direct_kib[,streaming_kib[,demote_kib[,part_kib[,fill_kib]]]]]`;
+    /// fields left out keep their defaults.
     fn parse(text: &str) -> Option<StagingPlan> {
         let fields = text
             .split(',')
@@ -106,12 +117,13 @@ impl StagingPlan {
         let default = Self::DEFAULT;
         match fields[..] {
             [divisor, min_kib, max_kib, ring, ref rest @ ..]
-                if rest.len() <= 4
+                if rest.len() <= 5
                     && divisor > 0
                     && min_kib > 0
                     && max_kib >= min_kib
                     && ring > 0
-                    && rest.get(3).is_none_or(|&kib| kib > 0) =>
+                    && rest.get(3).is_none_or(|&kib| kib > 0)
+                    && rest.get(4).is_none_or(|&kib| kib > 0) =>
             {
                 Some(StagingPlan {
                     divisor,
@@ -122,6 +134,7 @@ impl StagingPlan {
                     streaming: rest.get(1).map_or(default.streaming, |kib| kib << 10),
                     demote: rest.get(2).map_or(default.demote, |kib| kib << 10),
                     part: rest.get(3).map_or(default.part, |kib| kib << 10),
+                    fill: rest.get(4).map_or(default.fill, |kib| kib << 10),
                 })
             }
             _ => None,
@@ -149,9 +162,10 @@ impl StagingPlan {
 
 /// Pinned buffers that pageable writes are staged through, kept from one write to the next: a
 /// few slots of the plan's largest piece. Pieces are packed into the open slot one after the
-/// other (a 4 KiB write takes 4 KiB of it, not a slot); when the next piece does not fit, or a
-/// write comes from another stream, the slot is closed with one event recorded after its last
-/// copy, and the next slot is opened once its own closing event completed. Reusing the same few
+/// other (a 4 KiB write takes 4 KiB of it, not a slot) up to the plan's `fill`; when the next
+/// piece does not fit, or a write comes from another stream, the slot is closed with one event
+/// recorded after its last copy, and the next slot is opened once its own closing event
+/// completed. Reusing the same few
 /// buffers keeps them in the host's last-level cache (taking fresh ones from the pinned pool for
 /// every write rotated through hundreds of MiB and made the staging DRAM-bound: 39 GB/s at
 /// 64 MiB on the H200 host against 53 for the pinned DMA), and packing costs one event per slot
@@ -239,17 +253,19 @@ impl StagingRing {
     }
 
     /// Room for `len` bytes (at most one slot) staged for a copy on `stream`: the slot and the
-    /// offset in it. Closes the open slot when the piece does not fit or the stream differs, and
+    /// offset in it. Pieces are packed into the open slot up to `fill` bytes (or one piece, if
+    /// larger). Closes the open slot when the piece does not fit or the stream differs, and
     /// waits for the next slot's last copies before handing it out.
     fn place(
         &mut self,
         len: usize,
+        fill: usize,
         stream: Raw<sys::CUstream>,
         events: &mut EventPool,
     ) -> Result<(usize, usize), ServerError> {
         if let Some(open) = &mut self.open {
-            let capacity = self.slots[open.slot].0.len();
-            if open.stream.0 == stream.0 && open.used + len <= capacity {
+            let limit = self.slots[open.slot].0.len().min(fill.max(len));
+            if open.stream.0 == stream.0 && open.used + len <= limit {
                 let offset = open.used;
                 open.used = (offset + len).next_multiple_of(STAGING_ALIGN);
                 return Ok((open.slot, offset));
@@ -747,8 +763,13 @@ impl CudaServer {
             &mut self.staging
         };
         let (stores, part) = plan.stores(src.len());
+        let fill = if src.len() <= SMALL_PIECE {
+            SMALL_SLOT
+        } else {
+            plan.fill
+        };
         for (i, piece) in src.chunks(chunk).enumerate() {
-            let (slot, at) = ring.place(piece.len(), stream, &mut self.events)?;
+            let (slot, at) = ring.place(piece.len(), fill, stream, &mut self.events)?;
             let buffer = &mut ring.slots[slot].0;
             let staged = &mut compute_core::HostBuffer::as_bytes_mut(buffer)[at..at + piece.len()];
             parallel_copy(staged, piece, stores, part);
@@ -1515,7 +1536,9 @@ mod tests {
         assert_eq!(plan.stores(64 << 20).0, Stores::Demoted);
         assert_eq!(plan.stores(1 << 30), (Stores::Cached, CACHED_PART));
         assert_eq!(plan.chunk(1 << 20), 1 << 20);
-        assert_eq!(plan.chunk(64 << 20), 8 << 20);
+        assert_eq!(plan.chunk(64 << 20), 4 << 20);
+        assert_eq!(plan.chunk(1 << 30), 8 << 20);
+        assert_eq!(plan.fill, 1 << 20);
         let tuned = StagingPlan::parse("4, 256, 4096, 2, 8, 0, 0, 64").expect("valid plan");
         assert_eq!(
             (tuned.divisor, tuned.min, tuned.max, tuned.ring),
@@ -1527,8 +1550,11 @@ mod tests {
         );
         assert_eq!(tuned.demote, 0);
         assert_eq!(tuned.stores(256 << 10), (Stores::Cached, CACHED_PART));
+        assert_eq!(tuned.fill, StagingPlan::DEFAULT.fill);
         let short = StagingPlan::parse("8,1024,8192,4").expect("four fields are enough");
         assert_eq!(short.streaming, StagingPlan::DEFAULT.streaming);
+        let packed = StagingPlan::parse("8,1024,8192,4,0,512,65536,32,8192").expect("nine fields");
+        assert_eq!(packed.fill, 8 << 20);
         for bad in [
             "",
             "8,1024",
@@ -1537,7 +1563,8 @@ mod tests {
             "8,1024,8192,0",
             "8,x,8192,4",
             "8,1024,8192,4,0,512,1,0",
-            "8,1024,8192,4,0,512,1,32,9",
+            "8,1024,8192,4,0,512,1,32,0",
+            "8,1024,8192,4,0,512,1,32,1024,5",
         ] {
             assert!(StagingPlan::parse(bad).is_none(), "{bad:?} parsed");
         }

@@ -363,6 +363,21 @@ fn transfers(client: &Client, raw: &Raw) -> Vec<Row> {
                 }
             }
         }) / reps as f64;
+        // The caller's cost of a pageable write, apart from the DMA: a few writes that the
+        // staging ring holds at once (4 slots of 1 MiB, or 16 small writes packed in one small
+        // slot), so none waits for a slot, timed up to their return. A write larger than the
+        // ring waits for its own first pieces' DMA.
+        let burst = ((4usize << 20) / size).clamp(1, 16);
+        let mut caller = f64::INFINITY;
+        for _ in 0..5 {
+            sync();
+            let start = std::time::Instant::now();
+            for _ in 0..burst {
+                h2d(&pageable, false);
+            }
+            caller = caller.min(start.elapsed().as_secs_f64() / burst as f64);
+            sync();
+        }
         let gbs = |secs: f64| size as f64 / secs / 1e9;
         let limit = gbs(host_copy).min(gbs(raw_h2d));
         rows.push(Row::new(
@@ -377,6 +392,15 @@ fn transfers(client: &Client, raw: &Raw) -> Vec<Row> {
             ),
             limit,
             Better::Higher,
+        ));
+        rows.push(Row::new(
+            BACKEND,
+            &format!("H2D {label} pageable: caller time per write ({burst} writes, no wait)"),
+            caller * 1e6,
+            "us",
+            "raw cudarc pinned cuMemcpyHtoDAsync DMA time per copy",
+            raw_h2d * 1e6,
+            Better::Lower,
         ));
         rows.push(Row::new(
             BACKEND,

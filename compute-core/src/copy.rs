@@ -92,8 +92,46 @@ pub fn copy_parallel_with(dst: &mut [u8], src: &[u8], part: usize, stores: Store
         return;
     }
     match team() {
-        Some(team) => team.copy(dst, src, part, stores),
+        Some(team) => team.copy_then(dst, src, part, stores, None),
         None => copy_part(dst, src, stores),
+    }
+}
+
+/// A step that must follow a copy, handed to [`copy_parallel_then`].
+pub type AfterCopy = Box<dyn FnOnce() + Send + 'static>;
+
+/// [`copy_parallel_with`], then `then`, run once every byte is copied by the thread that copied
+/// the last part.
+///
+/// Returns once every byte is copied. `then` may still be running on a worker of the team at
+/// that point; it ran on the calling thread before the return when that thread copied the last
+/// part, or when the copy was not split. This takes a step that has to wait for the copy (on the
+/// H200 host, the ~2 us driver call that starts a staged piece's DMA) off the caller's path: it
+/// overlaps whatever the caller does next. `then` must not panic and must not wait for a later
+/// copy.
+///
+/// # Panics
+/// If the lengths differ.
+pub fn copy_parallel_then(
+    dst: &mut [u8],
+    src: &[u8],
+    part: usize,
+    stores: Stores,
+    then: AfterCopy,
+) {
+    assert_eq!(
+        dst.len(),
+        src.len(),
+        "copy_parallel of slices of different lengths"
+    );
+    let len = src.len();
+    let team = team().filter(|_| part > 0 && len >= MIN_PARALLEL && len > part);
+    match team {
+        Some(team) => team.copy_then(dst, src, part, stores, Some(then)),
+        None => {
+            copy_part(dst, src, stores);
+            then();
+        }
     }
 }
 
@@ -200,6 +238,9 @@ struct Shared {
     stores: AtomicU8,
     /// Parts of the current copy that are done.
     done: AtomicUsize,
+    /// The current copy's [`AfterCopy`] (a leaked `Box<AfterCopy>`), taken by the thread that
+    /// completes the last part; null when there is none or it was taken.
+    then: AtomicPtr<AfterCopy>,
     /// Workers parked on `wake` (or about to be).
     sleepers: AtomicUsize,
     park: Mutex<()>,
@@ -236,7 +277,18 @@ impl Shared {
                     // this part's increment below; part `next` lies in both slices and is
                     // claimed by this thread only.
                     unsafe { copy_raw(dst.add(start), src.add(start), n, stores) };
-                    self.done.fetch_add(1, Ordering::Release);
+                    if self.done.fetch_add(1, Ordering::AcqRel) + 1 == parts {
+                        // The last part: every other part's bytes happen before this (acquire
+                        // above). The poster waits for `then` to be taken before it returns,
+                        // so this is still this copy's.
+                        let then = self.then.swap(core::ptr::null_mut(), Ordering::AcqRel);
+                        if !then.is_null() {
+                            // SAFETY: the pointer came from `Box::into_raw` in `copy_then` and
+                            // the swap above took it out of the slot, so it is owned here.
+                            let then = unsafe { Box::from_raw(then) };
+                            (*then)();
+                        }
+                    }
                     ticket = self.ticket.load(Ordering::Acquire);
                 }
                 Err(actual) => ticket = actual,
@@ -267,6 +319,7 @@ impl Team {
             part: AtomicUsize::new(0),
             stores: AtomicU8::new(0),
             done: AtomicUsize::new(0),
+            then: AtomicPtr::new(core::ptr::null_mut()),
             sleepers: AtomicUsize::new(0),
             park: Mutex::new(()),
             wake: Condvar::new(),
@@ -289,7 +342,14 @@ impl Team {
         })
     }
 
-    fn copy(&self, dst: &mut [u8], src: &[u8], part: usize, stores: Stores) {
+    fn copy_then(
+        &self,
+        dst: &mut [u8],
+        src: &[u8],
+        part: usize,
+        stores: Stores,
+        then: Option<AfterCopy>,
+    ) {
         let len = src.len();
         let part = part.max(len.div_ceil(MAX_PARTS));
         let parts = len.div_ceil(part);
@@ -305,6 +365,8 @@ impl Team {
         shared.part.store(part, Ordering::Relaxed);
         shared.stores.store(stores as u8, Ordering::Relaxed);
         shared.done.store(0, Ordering::Relaxed);
+        let then = then.map_or(core::ptr::null_mut(), |f| Box::into_raw(Box::new(f)));
+        shared.then.store(then, Ordering::Relaxed);
         shared
             .ticket
             .store(pack(generation, parts, 0), Ordering::SeqCst);
@@ -322,6 +384,11 @@ impl Team {
             } else {
                 std::thread::yield_now();
             }
+        }
+        // The thread that completed the last part takes `then` right after counting it; the
+        // next copy must not replace it before.
+        while !shared.then.load(Ordering::Acquire).is_null() {
+            core::hint::spin_loop();
         }
         drop(turn);
     }
@@ -475,6 +542,54 @@ mod tests {
         let mut out = vec![0u8; big.len()];
         copy_parallel(&mut out, &big, 4);
         assert!(out == big, "copy of more than MAX_PARTS parts differs");
+    }
+
+    #[test]
+    fn then_runs_once_after_every_byte() {
+        use std::sync::atomic::AtomicBool;
+        // Split copies (a worker or the caller runs `then`) and unsplit ones (the caller does),
+        // back to back: `then` runs exactly once per copy and sees the whole copy done.
+        let src = pattern(1 << 20, 11);
+        let mut dst = vec![0u8; src.len()];
+        for (round, (len, part)) in [(1usize << 20, 32usize << 10), (4096, 32 << 10)]
+            .into_iter()
+            .cycle()
+            .take(400)
+            .enumerate()
+        {
+            dst.fill(0);
+            let ran = Arc::new(AtomicUsize::new(0));
+            let sum_ok = Arc::new(AtomicBool::new(false));
+            let (ran2, ok2) = (ran.clone(), sum_ok.clone());
+            let want: u64 = src[..len].iter().map(|&b| u64::from(b)).sum();
+            let at = dst.as_ptr() as usize;
+            copy_parallel_then(
+                &mut dst[..len],
+                &src[..len],
+                part,
+                Stores::Cached,
+                Box::new(move || {
+                    // SAFETY: the test keeps `dst` alive and unwritten until `ran` counts 1.
+                    let out = unsafe { core::slice::from_raw_parts(at as *const u8, len) };
+                    let sum: u64 = out.iter().map(|&b| u64::from(b)).sum();
+                    ok2.store(sum == want, Ordering::Release);
+                    ran2.fetch_add(1, Ordering::Release);
+                }),
+            );
+            assert!(dst[..len] == src[..len], "round {round}: copy differs");
+            while ran.load(Ordering::Acquire) == 0 {
+                core::hint::spin_loop();
+            }
+            assert_eq!(
+                ran.load(Ordering::Acquire),
+                1,
+                "round {round}: then ran twice"
+            );
+            assert!(
+                sum_ok.load(Ordering::Acquire),
+                "round {round}: then ran before the copy was done"
+            );
+        }
     }
 
     #[test]

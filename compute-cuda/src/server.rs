@@ -172,14 +172,64 @@ impl StagingPlan {
 /// instead of one per write.
 #[derive(Default)]
 struct StagingRing {
-    /// Each slot's buffer and the event recorded when it was last closed.
-    slots: Vec<(PinnedBuffer, Option<Raw<sys::CUevent>>)>,
+    /// Each slot's buffer and how it was last closed.
+    slots: Vec<(PinnedBuffer, Option<Closed>)>,
     /// The slot opened after the open one.
     next: usize,
     /// The open slot: its index, the bytes of it in use, and the stream every copy from it so far
     /// was enqueued on (the only stream its closing event has to cover).
     open: Option<OpenSlot>,
 }
+
+/// The event recorded after a slot's last copy, and the [`Issue`] that records it when a copy
+/// team worker does (see [`CudaServer::write_staged`]): until that issue is done the event may
+/// not be recorded yet, and waiting on it would return at once.
+struct Closed {
+    event: Raw<sys::CUevent>,
+    issue: Option<Arc<Issue>>,
+}
+
+impl Closed {
+    /// Block until every copy out of the slot completed; the event goes back to `events`.
+    fn wait(self, events: &mut EventPool) -> Result<(), ServerError> {
+        if let Some(issue) = &self.issue {
+            issue.wait();
+        }
+        // SAFETY: the event was recorded after the last copy that read the slot (or its
+        // recording failed, and the stream was synchronized instead).
+        let done =
+            unsafe { result::event::synchronize(self.event.0) }.check("waiting for a staging copy");
+        events.give(self.event);
+        done
+    }
+}
+
+/// The driver calls that start one staged piece's DMA (and, when the piece fills its slot,
+/// record the slot's closing event), made by the copy team thread that copied the piece's last
+/// part while the server goes on. Issues run in the order they were made: each first waits for
+/// the one before it. The server waits for the last one before its next call on a stream
+/// ([`CudaServer::settle`]).
+#[derive(Default)]
+struct Issue {
+    done: core::sync::atomic::AtomicBool,
+}
+
+impl Issue {
+    fn wait(&self) {
+        let mut spins = 0u32;
+        while !self.done.load(core::sync::atomic::Ordering::Acquire) {
+            spins += 1;
+            if spins < 1 << 12 {
+                core::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
+        }
+    }
+}
+
+/// The first error of an [`Issue`], kept for the server's next call.
+type IssueError = Arc<spin::Mutex<Option<ServerError>>>;
 
 #[derive(Clone, Copy)]
 struct OpenSlot {
@@ -231,10 +281,43 @@ impl StagingRing {
             let _ = unsafe { result::stream::synchronize(open.stream.0) };
             return Err(e);
         }
-        if let Some(old) = self.slots[open.slot].1.replace(event) {
-            events.give(old);
-        }
+        self.set_closed(open.slot, event, None, events);
         Ok(())
+    }
+
+    /// Record how `slot` was closed, returning the record it replaces (long waited for: a slot
+    /// is only reused after its record was waited on) to `events`.
+    fn set_closed(
+        &mut self,
+        slot: usize,
+        event: Raw<sys::CUevent>,
+        issue: Option<Arc<Issue>>,
+        events: &mut EventPool,
+    ) {
+        if let Some(old) = self.slots[slot].1.replace(Closed { event, issue }) {
+            if let Some(issue) = &old.issue {
+                issue.wait();
+            }
+            events.give(old.event);
+        }
+    }
+
+    /// Whether placing `len` bytes for a copy on `stream` closes the open slot on the caller's
+    /// thread (see [`Self::place`]).
+    fn closes(&self, len: usize, fill: usize, stream: Raw<sys::CUstream>) -> bool {
+        self.open.as_ref().is_some_and(|open| {
+            let limit = self.slots[open.slot].0.len().min(fill.max(len));
+            open.stream.0 != stream.0 || open.used + len > limit
+        })
+    }
+
+    /// Whether the open slot has no room left for another `len` bytes, so the copy just placed
+    /// should close it.
+    fn full_after(&self, len: usize, fill: usize) -> bool {
+        self.open.as_ref().is_some_and(|open| {
+            let limit = self.slots[open.slot].0.len().min(fill.max(len));
+            open.used + len > limit
+        })
     }
 
     /// Close the open slot if its copies were enqueued on `stream`. A capture on `stream` calls
@@ -274,12 +357,8 @@ impl StagingRing {
         self.close(events)?;
         let slot = self.next % self.slots.len();
         self.next = slot + 1;
-        if let Some(event) = self.slots[slot].1.take() {
-            // SAFETY: the event was recorded after the last copy that read this slot.
-            let done =
-                unsafe { result::event::synchronize(event.0) }.check("waiting for a staging copy");
-            events.give(event);
-            done?;
+        if let Some(closed) = self.slots[slot].1.take() {
+            closed.wait(events)?;
         }
         self.open = Some(OpenSlot {
             slot,
@@ -295,11 +374,9 @@ impl StagingRing {
             // SAFETY: the stream is alive; its copies from the open slot are done after this.
             let _ = unsafe { result::stream::synchronize(open.stream.0) };
         }
-        for (buffer, pending) in self.slots.drain(..) {
-            if let Some(event) = pending {
-                // SAFETY: recorded after the last copy that read `buffer`.
-                let _ = unsafe { result::event::synchronize(event.0) };
-                events.give(event);
+        for (buffer, closed) in self.slots.drain(..) {
+            if let Some(closed) = closed {
+                let _ = closed.wait(events);
             }
             drop(buffer);
         }
@@ -307,18 +384,88 @@ impl StagingRing {
     }
 }
 
-/// `dst.copy_from_slice(src)` on compute-core's copy team: one thread's memcpy is far below the
-/// PCIe / NVLink-C2C bandwidth a pinned copy reaches. Cached copies go in parts of at least
-/// `part` bytes and about two per thread (threads that start late still find work); the others
-/// in parts of `part` bytes, so that each core holds few of the lines the DMA reads next.
-fn parallel_copy(dst: &mut [u8], src: &[u8], stores: Stores, part: usize) {
+/// `dst.copy_from_slice(src)` on compute-core's copy team, then `then` (see
+/// [`compute_core::copy::copy_parallel_then`]): one thread's memcpy is far below the PCIe /
+/// NVLink-C2C bandwidth a pinned copy reaches. Cached copies go in parts of at least `part`
+/// bytes and about two per thread (threads that start late still find work); the others in parts
+/// of `part` bytes, so that each core holds few of the lines the DMA reads next.
+fn copy_parallel_then(
+    dst: &mut [u8],
+    src: &[u8],
+    stores: Stores,
+    part: usize,
+    then: compute_core::copy::AfterCopy,
+) {
     let part = if stores == Stores::Cached {
         let threads = compute_core::copy::copy_threads();
         src.len().div_ceil(threads * 2).max(part)
     } else {
         part
     };
-    compute_core::copy::copy_parallel_with(dst, src, part.next_multiple_of(64), stores);
+    compute_core::copy::copy_parallel_then(dst, src, part.next_multiple_of(64), stores, then);
+}
+
+/// Whether staged pieces' driver calls are handed to the copy team (see [`Issue`]); on by default,
+/// `COMPUTE_CUDA_HAND_OVER=0` makes them on the writing thread after the copy (for A/B
+/// measurements).
+fn hand_over_issues() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("COMPUTE_CUDA_HAND_OVER").map_or(true, |v| v.trim() != "0"))
+}
+
+/// What a copy team thread does once a staged piece is copied: start its DMA and, when the piece
+/// filled its slot, record the slot's closing event (see [`Issue`]).
+struct IssueJob {
+    context: Arc<Context>,
+    stream: Raw<sys::CUstream>,
+    dst: sys::CUdeviceptr,
+    staged: Raw<*const u8>,
+    len: usize,
+    closing: Option<Raw<sys::CUevent>>,
+    /// The issue made before this one, which must be done first (stream order).
+    after: Option<Arc<Issue>>,
+    issue: Arc<Issue>,
+    errors: IssueError,
+}
+
+impl IssueJob {
+    fn run(self) {
+        if let Some(after) = &self.after {
+            after.wait();
+        }
+        if let Err(e) = self.start() {
+            self.errors.lock().get_or_insert(e);
+        }
+        self.issue
+            .done
+            .store(true, core::sync::atomic::Ordering::Release);
+    }
+
+    fn start(&self) -> Result<(), ServerError> {
+        self.context.bind()?;
+        // SAFETY: `staged` points to `len` pinned bytes of a staging slot, copied before this
+        // runs and not written again before the slot's closing event (recorded below, or by a
+        // later issue or the server after this one) completed; the server keeps the slot alive
+        // until then. The target holds `len` bytes (validated by the writer).
+        let staged = unsafe { core::slice::from_raw_parts(self.staged.0, self.len) };
+        // SAFETY: as above; the stream lives as long as the server, which waits for this issue
+        // before it destroys anything.
+        let copied = unsafe { result::memcpy_htod_async(self.dst, staged, self.stream.0) }
+            .check("staging a pageable write");
+        if let Some(event) = self.closing {
+            // SAFETY: the event was taken from the server's pool for this slot; the stream is
+            // alive.
+            let recorded = unsafe { result::event::record(event.0, self.stream.0) };
+            if let Err(e) = recorded.check("closing a staging slot") {
+                // Nothing says when the slot's copies are done: wait for them here.
+                // SAFETY: the stream is alive.
+                let _ = unsafe { result::stream::synchronize(self.stream.0) };
+                copied?;
+                return Err(e);
+            }
+        }
+        copied
+    }
 }
 
 /// Backend information of a CUDA server.
@@ -506,6 +653,11 @@ pub struct CudaServer {
     /// Where writes of at most [`SMALL_PIECE`] bytes are staged: a ring small enough to stay in
     /// the core's cache (fresh lines of the large ring cost their fetch on every write).
     small_staging: StagingRing,
+    /// The last staged piece's driver calls handed to the copy team, and their stream.
+    issuing: Option<(Arc<Issue>, Raw<sys::CUstream>)>,
+    /// Where the issues put their first error, and that error once the server took it.
+    issue_errors: IssueError,
+    issue_error: Option<ServerError>,
     kernels: HashMap<(KernelId, bool), Arc<CompiledKernel>>,
     graphs: HashMap<GraphId, CudaGraph>,
     profiles: HashMap<u64, Raw<sys::CUevent>>,
@@ -554,6 +706,9 @@ impl CudaServer {
             pinned,
             staging: StagingRing::default(),
             small_staging: StagingRing::default(),
+            issuing: None,
+            issue_errors: IssueError::default(),
+            issue_error: None,
             kernels: HashMap::new(),
             graphs: HashMap::new(),
             profiles: HashMap::new(),
@@ -746,6 +901,11 @@ impl CudaServer {
     /// A pageable write, staged piece by piece through the server's [`StagingRing`]: the host
     /// copy of one piece overlaps the DMA of the ones before it (of this write and of the writes
     /// before it), and a slot is reused once the event closing it completed.
+    ///
+    /// Pieces above [`SMALL_PIECE`] are copied by the copy team, and the thread that copies a
+    /// piece's last part makes the driver calls that start its DMA (see [`Issue`]): the caller
+    /// returns as soon as the bytes are staged, and those calls (about 2-3 us on the H200 host,
+    /// a tenth of a 1 MiB piece's DMA) overlap its next steps instead of adding to them.
     fn write_staged(
         &mut self,
         stream: Raw<sys::CUstream>,
@@ -753,37 +913,95 @@ impl CudaServer {
         src: &[u8],
     ) -> Result<(), ServerError> {
         let plan = StagingPlan::get();
-        let chunk = plan.chunk(src.len());
-        let ring = if src.len() <= SMALL_PIECE {
-            self.small_staging
-                .fill(&self.pinned, SMALL_SLOTS, SMALL_SLOT)?;
-            &mut self.small_staging
-        } else {
-            self.staging.fill(&self.pinned, plan.ring, plan.max)?;
-            &mut self.staging
-        };
-        let (stores, part) = plan.stores(src.len());
-        let fill = if src.len() <= SMALL_PIECE {
-            SMALL_SLOT
-        } else {
-            plan.fill
-        };
-        for (i, piece) in src.chunks(chunk).enumerate() {
-            let (slot, at) = ring.place(piece.len(), fill, stream, &mut self.events)?;
+        if src.len() <= SMALL_PIECE {
+            // Copied on this thread: handing the DMA call over would cost as much as making it.
+            self.settle()?;
+            let ring = &mut self.small_staging;
+            ring.fill(&self.pinned, SMALL_SLOTS, SMALL_SLOT)?;
+            let (slot, at) = ring.place(src.len(), SMALL_SLOT, stream, &mut self.events)?;
             let buffer = &mut ring.slots[slot].0;
-            let staged = &mut compute_core::HostBuffer::as_bytes_mut(buffer)[at..at + piece.len()];
-            parallel_copy(staged, piece, stores, part);
-            let offset = (i * chunk) as u64;
+            let staged = &mut compute_core::HostBuffer::as_bytes_mut(buffer)[at..at + src.len()];
+            staged.copy_from_slice(src);
             // SAFETY: `staged` is pinned and is not written again before the event closing its
-            // slot completed; the piece lies inside the target (validated by the caller).
-            let copied = unsafe { result::memcpy_htod_async(dst + offset, staged, stream.0) };
+            // slot completed; the target holds `src.len()` bytes (validated by the caller).
+            let copied = unsafe { result::memcpy_htod_async(dst, staged, stream.0) };
             if let Err(e) = copied.check("staging a pageable write") {
                 // An earlier copy from the slot may still run; closing it records that.
                 let _ = ring.close(&mut self.events);
                 return Err(e);
             }
+            return Ok(());
+        }
+        self.staging.fill(&self.pinned, plan.ring, plan.max)?;
+        let chunk = plan.chunk(src.len());
+        let (stores, part) = plan.stores(src.len());
+        for (i, piece) in src.chunks(chunk).enumerate() {
+            if self.staging.closes(piece.len(), plan.fill, stream) {
+                // The closing event must follow the DMAs of the slot's pieces.
+                self.settle()?;
+            }
+            let (slot, at) =
+                self.staging
+                    .place(piece.len(), plan.fill, stream, &mut self.events)?;
+            let closing = if self.staging.full_after(piece.len(), plan.fill) {
+                Some(self.events.take()?)
+            } else {
+                None
+            };
+            let issue = Arc::new(Issue::default());
+            let after = self
+                .issuing
+                .replace((issue.clone(), stream))
+                .map(|(before, _)| before);
+            let buffer = &mut self.staging.slots[slot].0;
+            let staged = &mut compute_core::HostBuffer::as_bytes_mut(buffer)[at..at + piece.len()];
+            let job = IssueJob {
+                context: self.context.clone(),
+                stream,
+                dst: dst + (i * chunk) as u64,
+                staged: Raw(staged.as_ptr()),
+                len: piece.len(),
+                closing,
+                after,
+                issue: issue.clone(),
+                errors: self.issue_errors.clone(),
+            };
+            if hand_over_issues() {
+                copy_parallel_then(staged, piece, stores, part, Box::new(move || job.run()));
+            } else {
+                copy_parallel_then(staged, piece, stores, part, Box::new(|| {}));
+                job.run();
+            }
+            if let Some(event) = closing {
+                self.staging.open = None;
+                self.staging
+                    .set_closed(slot, event, Some(issue), &mut self.events);
+            }
         }
         Ok(())
+    }
+
+    /// Wait until the driver calls handed to the copy team were made (so that the next call on
+    /// a stream comes after them), and return the first error among them not reported yet. An
+    /// error of a staged write's DMA call is reported this way, by the server's next call that
+    /// settles (whatever its stream).
+    fn settle(&mut self) -> Result<(), ServerError> {
+        self.settle_quietly();
+        match self.issue_error.take() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    /// [`Self::settle`] for calls that cannot report an error: it stays for the next one.
+    fn settle_quietly(&mut self) {
+        if let Some((issue, _)) = self.issuing.take() {
+            // Every issue waits for the one before it: once the last is done, all are.
+            issue.wait();
+            if let Some(e) = self.issue_errors.lock().take() {
+                self.issue_error.get_or_insert(e);
+            }
+        }
     }
 
     fn write_one(
@@ -805,9 +1023,20 @@ impl CudaServer {
         }
         let target = self.resolve(&descriptor.binding)?;
         let binding = descriptor.binding.clone();
-        self.order_after(stream, &[&binding])?;
         let contiguous = is_compact(&descriptor.shape, &descriptor.strides);
         let raw = self.stream(stream)?.raw;
+        // A large staged write may go on while the driver calls of the pieces staged before it
+        // on the same stream are still being made (they and its own are made in order): what it
+        // enqueues before its own DMA is only stream waits, which those calls may follow too.
+        // Any other write comes after them.
+        let staged = contiguous
+            && bytes.kind() != BytesKind::Pinned
+            && bytes.len() > SMALL_PIECE
+            && bytes.len() > StagingPlan::get().direct;
+        if !staged || self.issuing.as_ref().is_some_and(|(_, s)| s.0 != raw.0) {
+            self.settle()?;
+        }
+        self.order_after(stream, &[&binding])?;
         let mut keep = None;
         if contiguous && bytes.kind() != BytesKind::Pinned {
             let src = bytes.try_as_slice()?;
@@ -844,6 +1073,11 @@ impl CudaServer {
             }
             keep = Some(hold);
         }
+        if staged && binding.handle().stream() != stream {
+            // Keeping a buffer of another stream's pool alive can record an event on the
+            // stream, which must follow the DMA.
+            self.settle()?;
+        }
         self.mark(stream, &[&binding], keep)
     }
 
@@ -852,6 +1086,7 @@ impl CudaServer {
         descriptors: Vec<CopyDescriptor>,
         stream: StreamId,
     ) -> Result<DynFut<Result<Vec<Bytes>, ServerError>>, ServerError> {
+        self.settle()?;
         self.ensure_not_capturing(stream, "read")?;
         let mut sources = Vec::with_capacity(descriptors.len());
         for descriptor in &descriptors {
@@ -1007,6 +1242,8 @@ impl ComputeServer for CudaServer {
         descriptors: &[MemoryLayoutDescriptor],
         stream: StreamId,
     ) -> Result<Vec<MemoryLayout>, ServerError> {
+        // The pools may hand back blocks to the driver: the DMAs into them must be enqueued.
+        self.settle()?;
         let packed = pack_tensors(descriptors, CUDA_ALIGNMENT, self.properties.pitch_alignment)?;
         let total = packed.total();
         let owner = self.owner;
@@ -1044,6 +1281,7 @@ impl ComputeServer for CudaServer {
         binding: Binding,
         stream: StreamId,
     ) -> Result<CudaResource, ServerError> {
+        self.settle()?;
         let resource = self.resolve(&binding)?;
         self.ensure_not_capturing(stream, "get_resource")?;
         if let Some(point) = binding.handle().access().last()
@@ -1066,6 +1304,7 @@ impl ComputeServer for CudaServer {
         mode: ExecutionMode,
         stream: StreamId,
     ) -> Result<(), ServerError> {
+        self.settle()?;
         let definition = &kernel.definition;
         let infos: Vec<BufferLaunchInfo> = arguments
             .buffers
@@ -1161,6 +1400,7 @@ impl ComputeServer for CudaServer {
     }
 
     fn flush(&mut self, stream: StreamId) -> Result<(), ServerError> {
+        self.settle()?;
         let state = self.stream(stream)?;
         if state.capture.is_some() {
             return Ok(());
@@ -1176,7 +1416,10 @@ impl ComputeServer for CudaServer {
     }
 
     fn sync(&mut self, stream: StreamId) -> DynFut<Result<(), ServerError>> {
-        if let Err(e) = self.ensure_not_capturing(stream, "sync") {
+        if let Err(e) = self
+            .settle()
+            .and_then(|()| self.ensure_not_capturing(stream, "sync"))
+        {
             return ready(Err(e));
         }
         match self.record_fresh(stream) {
@@ -1194,6 +1437,7 @@ impl ComputeServer for CudaServer {
     }
 
     fn memory_cleanup(&mut self, stream: StreamId) {
+        self.settle_quietly();
         if self.context.bind().is_err() {
             return;
         }
@@ -1220,6 +1464,7 @@ impl ComputeServer for CudaServer {
         stream: StreamId,
     ) -> Result<bool, PoolConfigError> {
         config.resolve(&self.properties.memory)?;
+        self.settle_quietly();
         self.pool_config = config.clone();
         match self.stream(stream) {
             Ok(state) => state.memory.reconfigure(config),
@@ -1257,6 +1502,7 @@ impl ComputeServer for CudaServer {
     }
 
     fn graph_prepare(&mut self, stream: StreamId) -> Result<(), ServerError> {
+        self.settle()?;
         self.ensure_not_capturing(stream, "graph_prepare")?;
         self.stream(stream)?
             .memory
@@ -1265,6 +1511,7 @@ impl ComputeServer for CudaServer {
     }
 
     fn begin_capture(&mut self, stream: StreamId) -> Result<(), ServerError> {
+        self.settle()?;
         self.ensure_not_capturing(stream, "start_capture")?;
         self.stream(stream)?;
         let events = &mut self.events;
@@ -1290,6 +1537,7 @@ impl ComputeServer for CudaServer {
     }
 
     fn end_capture(&mut self, stream: StreamId) -> Result<GraphId, ServerError> {
+        self.settle()?;
         let state = self.stream(stream)?;
         let holds = state.capture.take().ok_or_else(|| {
             ServerError::InvalidArgument(format!("stop_capture on {stream} without start_capture"))
@@ -1325,6 +1573,7 @@ impl ComputeServer for CudaServer {
     }
 
     fn graph_replay(&mut self, graph: GraphId, stream: StreamId) -> Result<(), ServerError> {
+        self.settle()?;
         self.ensure_not_capturing(stream, "graph replay")?;
         let (exec, holds) = match self.graphs.get(&graph) {
             Some(g) if g.stream == stream => (g.exec.0, g.holds.clone()),
@@ -1349,6 +1598,7 @@ impl ComputeServer for CudaServer {
     }
 
     fn graph_release(&mut self, graph: GraphId) {
+        self.settle_quietly();
         let Some(g) = self.graphs.remove(&graph) else {
             return;
         };
@@ -1374,6 +1624,7 @@ impl ComputeServer for CudaServer {
     }
 
     fn profile_start(&mut self, stream: StreamId) -> Result<ProfileToken, ProfileError> {
+        self.settle()?;
         self.ensure_not_capturing(stream, "profile")?;
         let raw = self.stream(stream)?.raw;
         let event =
@@ -1399,6 +1650,7 @@ impl ComputeServer for CudaServer {
             ))));
         };
         let end = (|| {
+            self.settle()?;
             let raw = self.stream(stream)?.raw;
             let end = Raw(result::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT)
                 .check("cuEventCreate")?);
@@ -1436,6 +1688,7 @@ impl ComputeServer for CudaServer {
         devices: &[DeviceId],
         stream: StreamId,
     ) -> Result<(), ServerError> {
+        self.settle()?;
         let group = self.check_group(devices)?;
         self.stream(stream)?;
         crate::collective::communicator(&group, self.owner.device)?;
@@ -1454,6 +1707,7 @@ impl ComputeServer for CudaServer {
         op: ReduceOperation,
         stream: StreamId,
     ) -> Result<(), ServerError> {
+        self.settle()?;
         let group = self.check_group(&devices)?;
         if !self.collective_groups.contains(&group) || !crate::collective::initialised(&group) {
             return Err(ServerError::InvalidArgument(format!(
@@ -1504,6 +1758,7 @@ impl ComputeServer for CudaServer {
 
 impl Drop for CudaServer {
     fn drop(&mut self) {
+        self.settle_quietly();
         if self.context.bind().is_err() {
             return;
         }

@@ -41,6 +41,7 @@ macro_rules! for_each_test {
             transfer::large_pageable_writes_land_exact,
             transfer::many_small_writes_land_exact,
             transfer::back_to_back_pageable_writes_land_exact,
+            transfer::pageable_writes_feed_launches_in_order,
             memory::memory_usage_is_exact,
             memory::memory_stays_flat_over_iterations,
             memory::memory_cleanup_releases_free_pages,

@@ -419,3 +419,46 @@ pub fn back_to_back_pageable_writes_land_exact<R: Runtime>(client: ComputeClient
         );
     }
 }
+
+/// Large pageable writes each followed at once by a kernel that reads the written buffer, and by
+/// allocations and a drop of the previous target: every launch sees its own write's bytes (a
+/// backend that finishes a write's transfer after returning must still order it before the
+/// launch, and must not give the dropped buffer's memory away under a transfer).
+pub fn pageable_writes_feed_launches_in_order<R: Runtime>(client: ComputeClient<R>) {
+    const LEN: usize = (1 << 20) / 4 + 3;
+    const ROUNDS: usize = 12;
+    let x_of =
+        |k: usize| -> Vec<f32> { (0..LEN).map(|i| ((i * 7 + k * 13) % 101) as f32).collect() };
+    let kernel = crate::kernels::saxpy();
+    let y = client.create(Bytes::from_elem_slice(&vec![0f32; LEN]));
+    let mut previous = None;
+    for k in 0..ROUNDS {
+        let x = client.empty(LEN * 4);
+        client.write(&x, Bytes::from_elem_slice(&x_of(k)));
+        client.launch(
+            kernel.clone().into(),
+            compute_core::CubeCount::cover(LEN, 256),
+            compute_core::KernelArguments::new()
+                .buffer(x.clone().binding())
+                .buffer(y.clone().binding())
+                .scalar(1.0f32),
+        );
+        // The previous target goes while this round's work may still be queued.
+        drop(previous.replace(x));
+        let _scratch = client.empty(LEN * 4);
+    }
+    let got = client.read_one(y).unwrap().to_elems::<f32>();
+    for i in [0, 1, 2, LEN / 3, LEN / 2, LEN - 2, LEN - 1] {
+        let want: f32 = (0..ROUNDS).map(|k| ((i * 7 + k * 13) % 101) as f32).sum();
+        assert_eq!(got[i], want, "y[{i}] after {ROUNDS} writes and launches");
+    }
+    let total: f64 = got.iter().map(|&v| f64::from(v)).sum();
+    let want: f64 = (0..LEN)
+        .map(|i| {
+            (0..ROUNDS)
+                .map(|k| ((i * 7 + k * 13) % 101) as f64)
+                .sum::<f64>()
+        })
+        .sum();
+    assert_eq!(total, want, "sum of y");
+}

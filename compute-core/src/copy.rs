@@ -17,7 +17,7 @@
 //! only). A copy never depends on a worker: the caller works through the parts itself, so a
 //! worker that is late (or could not be started) only means fewer hands.
 
-use std::sync::atomic::{AtomicPtr, AtomicU8, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicPtr, AtomicU8, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -107,8 +107,9 @@ pub type AfterCopy = Box<dyn FnOnce() + Send + 'static>;
 /// that point; it ran on the calling thread before the return when that thread copied the last
 /// part, or when the copy was not split. This takes a step that has to wait for the copy (on the
 /// H200 host, the ~2 us driver call that starts a staged piece's DMA) off the caller's path: it
-/// overlaps whatever the caller does next. `then` must not panic and must not wait for a later
-/// copy.
+/// overlaps whatever the caller does next. `then` must not wait for a later copy. A panic in it
+/// is caught when it runs as part of a split copy (the team goes on), and propagates from this
+/// call when the copy was not split.
 ///
 /// # Panics
 /// If the lengths differ.
@@ -241,6 +242,10 @@ struct Shared {
     /// The current copy's [`AfterCopy`] (a leaked `Box<AfterCopy>`), taken by the thread that
     /// completes the last part; null when there is none or it was taken.
     then: AtomicPtr<AfterCopy>,
+    /// The last generation whose last-part thread is done with the copy's fields (it took
+    /// `then`, if any): the poster waits for it, so the next copy cannot hand that thread its
+    /// own `then`.
+    finished: AtomicU32,
     /// Workers parked on `wake` (or about to be).
     sleepers: AtomicUsize,
     park: Mutex<()>,
@@ -279,14 +284,17 @@ impl Shared {
                     unsafe { copy_raw(dst.add(start), src.add(start), n, stores) };
                     if self.done.fetch_add(1, Ordering::AcqRel) + 1 == parts {
                         // The last part: every other part's bytes happen before this (acquire
-                        // above). The poster waits for `then` to be taken before it returns,
-                        // so this is still this copy's.
+                        // above). The poster waits for `finished` before it returns, so the slot
+                        // still holds this copy's `then` (or nothing, for a copy without one).
                         let then = self.then.swap(core::ptr::null_mut(), Ordering::AcqRel);
+                        self.finished.store(generation, Ordering::Release);
                         if !then.is_null() {
                             // SAFETY: the pointer came from `Box::into_raw` in `copy_then` and
                             // the swap above took it out of the slot, so it is owned here.
                             let then = unsafe { Box::from_raw(then) };
-                            (*then)();
+                            // A panicking `then` must not take the worker with it (its own
+                            // drop glue runs during the unwind).
+                            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(then));
                         }
                     }
                     ticket = self.ticket.load(Ordering::Acquire);
@@ -320,6 +328,7 @@ impl Team {
             stores: AtomicU8::new(0),
             done: AtomicUsize::new(0),
             then: AtomicPtr::new(core::ptr::null_mut()),
+            finished: AtomicU32::new(0),
             sleepers: AtomicUsize::new(0),
             park: Mutex::new(()),
             wake: Condvar::new(),
@@ -386,9 +395,14 @@ impl Team {
             }
         }
         // The thread that completed the last part takes `then` right after counting it; the
-        // next copy must not replace it before.
-        while !shared.then.load(Ordering::Acquire).is_null() {
-            core::hint::spin_loop();
+        // next copy must not publish its own before that thread is done with this one's.
+        while shared.finished.load(Ordering::Acquire) != generation {
+            spins += 1;
+            if spins < 1 << 12 {
+                core::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
         }
         drop(turn);
     }
@@ -548,15 +562,19 @@ mod tests {
     fn then_runs_once_after_every_byte() {
         use std::sync::atomic::AtomicBool;
         // Split copies (a worker or the caller runs `then`) and unsplit ones (the caller does),
-        // back to back: `then` runs exactly once per copy and sees the whole copy done.
+        // back to back and between copies without a `then`: `then` runs exactly once per copy
+        // and sees the whole copy done (a thread finishing a copy without `then` must not take
+        // the next copy's).
         let src = pattern(1 << 20, 11);
         let mut dst = vec![0u8; src.len()];
+        let mut plain = vec![0u8; src.len()];
         for (round, (len, part)) in [(1usize << 20, 32usize << 10), (4096, 32 << 10)]
             .into_iter()
             .cycle()
             .take(400)
             .enumerate()
         {
+            copy_parallel(&mut plain, &src, 16 << 10);
             dst.fill(0);
             let ran = Arc::new(AtomicUsize::new(0));
             let sum_ok = Arc::new(AtomicBool::new(false));

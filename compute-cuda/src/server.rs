@@ -187,6 +187,8 @@ struct StagingRing {
 struct Closed {
     event: Raw<sys::CUevent>,
     issue: Option<Arc<Issue>>,
+    /// The stream the slot's copies ran on.
+    stream: Raw<sys::CUstream>,
 }
 
 impl Closed {
@@ -194,6 +196,14 @@ impl Closed {
     fn wait(self, events: &mut EventPool) -> Result<(), ServerError> {
         if let Some(issue) = &self.issue {
             issue.wait();
+            if !issue.recorded.load(core::sync::atomic::Ordering::Acquire) {
+                // The issue failed before it recorded the event: nothing says when the slot's
+                // earlier copies are done but the stream.
+                events.give(self.event);
+                // SAFETY: the stream lives as long as the server.
+                return unsafe { result::stream::synchronize(self.stream.0) }
+                    .check("waiting for a staging copy");
+            }
         }
         // SAFETY: the event was recorded after the last copy that read the slot (or its
         // recording failed, and the stream was synchronized instead).
@@ -212,6 +222,8 @@ impl Closed {
 #[derive(Default)]
 struct Issue {
     done: core::sync::atomic::AtomicBool,
+    /// Whether the slot's closing event, if the issue carries one, was recorded.
+    recorded: core::sync::atomic::AtomicBool,
 }
 
 impl Issue {
@@ -281,20 +293,19 @@ impl StagingRing {
             let _ = unsafe { result::stream::synchronize(open.stream.0) };
             return Err(e);
         }
-        self.set_closed(open.slot, event, None, events);
+        let closed = Closed {
+            event,
+            issue: None,
+            stream: open.stream,
+        };
+        self.set_closed(open.slot, closed, events);
         Ok(())
     }
 
     /// Record how `slot` was closed, returning the record it replaces (long waited for: a slot
     /// is only reused after its record was waited on) to `events`.
-    fn set_closed(
-        &mut self,
-        slot: usize,
-        event: Raw<sys::CUevent>,
-        issue: Option<Arc<Issue>>,
-        events: &mut EventPool,
-    ) {
-        if let Some(old) = self.slots[slot].1.replace(Closed { event, issue }) {
+    fn set_closed(&mut self, slot: usize, closed: Closed, events: &mut EventPool) {
+        if let Some(old) = self.slots[slot].1.replace(closed) {
             if let Some(issue) = &old.issue {
                 issue.wait();
             }
@@ -426,19 +437,22 @@ struct IssueJob {
     after: Option<Arc<Issue>>,
     issue: Arc<Issue>,
     errors: IssueError,
+    /// Whether [`Self::run`] got to make the calls (the job is dropped unrun only if the copy
+    /// team lost it, which would be a bug, or the run panicked).
+    ran: bool,
 }
 
 impl IssueJob {
-    fn run(self) {
+    /// Make the calls; the issue is done when `self` drops, at the end.
+    fn run(mut self) {
         if let Some(after) = &self.after {
             after.wait();
         }
-        if let Err(e) = self.start() {
+        let outcome = self.start();
+        self.ran = true;
+        if let Err(e) = outcome {
             self.errors.lock().get_or_insert(e);
         }
-        self.issue
-            .done
-            .store(true, core::sync::atomic::Ordering::Release);
     }
 
     fn start(&self) -> Result<(), ServerError> {
@@ -456,15 +470,26 @@ impl IssueJob {
             // SAFETY: the event was taken from the server's pool for this slot; the stream is
             // alive.
             let recorded = unsafe { result::event::record(event.0, self.stream.0) };
-            if let Err(e) = recorded.check("closing a staging slot") {
-                // Nothing says when the slot's copies are done: wait for them here.
-                // SAFETY: the stream is alive.
-                let _ = unsafe { result::stream::synchronize(self.stream.0) };
-                copied?;
-                return Err(e);
-            }
+            recorded.check("closing a staging slot")?;
+            self.issue
+                .recorded
+                .store(true, core::sync::atomic::Ordering::Release);
         }
         copied
+    }
+}
+
+impl Drop for IssueJob {
+    fn drop(&mut self) {
+        if !self.ran {
+            self.errors.lock().get_or_insert(ServerError::Driver(
+                "the DMA of a staged write was not started (its copy team job was lost)".into(),
+            ));
+        }
+        // Whatever happened, nothing may wait for this issue forever.
+        self.issue
+            .done
+            .store(true, core::sync::atomic::Ordering::Release);
     }
 }
 
@@ -953,8 +978,16 @@ impl CudaServer {
                 .issuing
                 .replace((issue.clone(), stream))
                 .map(|(before, _)| before);
-            let buffer = &mut self.staging.slots[slot].0;
-            let staged = &mut compute_core::HostBuffer::as_bytes_mut(buffer)[at..at + piece.len()];
+            let buffer = &self.staging.slots[slot].0;
+            assert!(
+                at + piece.len() <= buffer.len(),
+                "a staged piece fits its slot"
+            );
+            // SAFETY: `place` handed out `at..at + len` of the slot to this piece alone: no
+            // earlier piece (whose DMA a job may be starting from a shared view of it) overlaps
+            // it, and the slot lives until the server waited for the event closing it.
+            let staged =
+                unsafe { core::slice::from_raw_parts_mut(buffer.as_ptr().add(at), piece.len()) };
             let job = IssueJob {
                 context: self.context.clone(),
                 stream,
@@ -965,6 +998,7 @@ impl CudaServer {
                 after,
                 issue: issue.clone(),
                 errors: self.issue_errors.clone(),
+                ran: false,
             };
             if hand_over_issues() {
                 copy_parallel_then(staged, piece, stores, part, Box::new(move || job.run()));
@@ -974,8 +1008,15 @@ impl CudaServer {
             }
             if let Some(event) = closing {
                 self.staging.open = None;
-                self.staging
-                    .set_closed(slot, event, Some(issue), &mut self.events);
+                self.staging.set_closed(
+                    slot,
+                    Closed {
+                        event,
+                        issue: Some(issue),
+                        stream,
+                    },
+                    &mut self.events,
+                );
             }
         }
         Ok(())
@@ -1537,7 +1578,9 @@ impl ComputeServer for CudaServer {
     }
 
     fn end_capture(&mut self, stream: StreamId) -> Result<GraphId, ServerError> {
-        self.settle()?;
+        // A failed staged write is reported by the next call, not by ending the capture (which
+        // would leave the capture running).
+        self.settle_quietly();
         let state = self.stream(stream)?;
         let holds = state.capture.take().ok_or_else(|| {
             ServerError::InvalidArgument(format!("stop_capture on {stream} without start_capture"))

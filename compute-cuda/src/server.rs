@@ -165,11 +165,10 @@ impl StagingPlan {
 /// other (a 4 KiB write takes 4 KiB of it, not a slot) up to the plan's `fill`; when the next
 /// piece does not fit, or a write comes from another stream, the slot is closed with one event
 /// recorded after its last copy, and the next slot is opened once its own closing event
-/// completed. Reusing the same few
-/// buffers keeps them in the host's last-level cache (taking fresh ones from the pinned pool for
-/// every write rotated through hundreds of MiB and made the staging DRAM-bound: 39 GB/s at
-/// 64 MiB on the H200 host against 53 for the pinned DMA), and packing costs one event per slot
-/// instead of one per write.
+/// completed. Reusing the same few buffers keeps them in the host's last-level cache (taking
+/// fresh ones from the pinned pool for every write rotated through hundreds of MiB and made the
+/// staging DRAM-bound: 39 GB/s at 64 MiB on the H200 host against 53 for the pinned DMA), and
+/// packing costs one event per slot instead of one per write.
 #[derive(Default)]
 struct StagingRing {
     /// Each slot's buffer and how it was last closed.
@@ -205,8 +204,7 @@ impl Closed {
                     .check("waiting for a staging copy");
             }
         }
-        // SAFETY: the event was recorded after the last copy that read the slot (or its
-        // recording failed, and the stream was synchronized instead).
+        // SAFETY: the event was recorded after the last copy that read the slot.
         let done =
             unsafe { result::event::synchronize(self.event.0) }.check("waiting for a staging copy");
         events.give(self.event);
@@ -317,18 +315,22 @@ impl StagingRing {
     /// thread (see [`Self::place`]).
     fn closes(&self, len: usize, fill: usize, stream: Raw<sys::CUstream>) -> bool {
         self.open.as_ref().is_some_and(|open| {
-            let limit = self.slots[open.slot].0.len().min(fill.max(len));
-            open.stream.0 != stream.0 || open.used + len > limit
+            open.stream.0 != stream.0 || open.used + len > self.limit(open, len, fill)
         })
     }
 
     /// Whether the open slot has no room left for another `len` bytes, so the copy just placed
     /// should close it.
     fn full_after(&self, len: usize, fill: usize) -> bool {
-        self.open.as_ref().is_some_and(|open| {
-            let limit = self.slots[open.slot].0.len().min(fill.max(len));
-            open.used + len > limit
-        })
+        self.open
+            .as_ref()
+            .is_some_and(|open| open.used + len > self.limit(open, len, fill))
+    }
+
+    /// How many bytes the open slot takes when pieces of `len` bytes are placed: up to `fill`,
+    /// or one larger piece, and never more than the slot holds.
+    fn limit(&self, open: &OpenSlot, len: usize, fill: usize) -> usize {
+        self.slots[open.slot].0.len().min(fill.max(len))
     }
 
     /// Close the open slot if its copies were enqueued on `stream`. A capture on `stream` calls

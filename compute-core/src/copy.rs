@@ -81,20 +81,7 @@ pub fn copy_parallel(dst: &mut [u8], src: &[u8], part: usize) {
 /// # Panics
 /// If the lengths differ.
 pub fn copy_parallel_with(dst: &mut [u8], src: &[u8], part: usize, stores: Stores) {
-    assert_eq!(
-        dst.len(),
-        src.len(),
-        "copy_parallel of slices of different lengths"
-    );
-    let len = src.len();
-    if part == 0 || len < MIN_PARALLEL || len <= part {
-        copy_part(dst, src, stores);
-        return;
-    }
-    match team() {
-        Some(team) => team.copy_then(dst, src, part, stores, None),
-        None => copy_part(dst, src, stores),
-    }
+    copy_split(dst, src, part, stores, None);
 }
 
 /// A step that must follow a copy, handed to [`copy_parallel_then`].
@@ -120,6 +107,13 @@ pub fn copy_parallel_then(
     stores: Stores,
     then: AfterCopy,
 ) {
+    copy_split(dst, src, part, stores, Some(then));
+}
+
+/// The copy behind [`copy_parallel_with`] and [`copy_parallel_then`]: on the team when it splits
+/// into two parts or more and is at least [`MIN_PARALLEL`] bytes, else on this thread (which
+/// then runs `then` itself).
+fn copy_split(dst: &mut [u8], src: &[u8], part: usize, stores: Stores, then: Option<AfterCopy>) {
     assert_eq!(
         dst.len(),
         src.len(),
@@ -128,10 +122,12 @@ pub fn copy_parallel_then(
     let len = src.len();
     let team = team().filter(|_| part > 0 && len >= MIN_PARALLEL && len > part);
     match team {
-        Some(team) => team.copy_then(dst, src, part, stores, Some(then)),
+        Some(team) => team.copy_then(dst, src, part, stores, then),
         None => {
             copy_part(dst, src, stores);
-            then();
+            if let Some(then) = then {
+                then();
+            }
         }
     }
 }

@@ -191,7 +191,7 @@ impl<R: Runtime> ComputeClient<R> {
     }
 
     fn failed_handle(&self, stream: StreamId) -> Handle {
-        Handle::new(SliceHandle::detached(), 0, self.shared.owner, stream)
+        Handle::new(SliceHandle::detached(), self.shared.owner, stream)
     }
 
     fn failed_layout(&self, stream: StreamId, shape: Shape, elem_size: usize) -> MemoryLayout {
@@ -591,7 +591,8 @@ impl<R: Runtime> ComputeClient<R> {
 
     /// Run `task(input)` with this stream's allocations served by the persistent pool (exact-size
     /// blocks kept for the lifetime of the data: model weights, graph inputs), then return to the
-    /// automatic mode.
+    /// mode the stream had before (the automatic mode, unless the section is nested in another
+    /// one or in a [`graph_prepare`](Self::graph_prepare) window).
     pub fn memory_persistent_allocation<
         'a,
         Re: Send,
@@ -602,18 +603,20 @@ impl<R: Runtime> ComputeClient<R> {
         input: Input,
         task: F,
     ) -> Result<Re, ServerError> {
-        struct Restore<'c, R: Runtime>(&'c ComputeClient<R>, StreamId);
+        // The mode found at entry is restored, not `Auto`: a section nested in another one, or
+        // in a `graph_prepare` window, leaves the outer one's mode in place.
+        struct Restore<'c, R: Runtime>(&'c ComputeClient<R>, StreamId, MemoryAllocationMode);
         impl<R: Runtime> Drop for Restore<'_, R> {
             fn drop(&mut self) {
-                let stream = self.1;
-                self.0
-                    .with_server(|s| s.allocation_mode(MemoryAllocationMode::Auto, stream));
+                let (stream, mode) = (self.1, self.2);
+                self.0.with_server(|s| s.allocation_mode(mode, stream));
             }
         }
         let stream = self.stream_id();
         self.take_error(stream)?;
-        self.with_server(|s| s.allocation_mode(MemoryAllocationMode::Persistent, stream));
-        let restore = Restore(self, stream);
+        let previous =
+            self.with_server(|s| s.allocation_mode(MemoryAllocationMode::Persistent, stream));
+        let restore = Restore(self, stream, previous);
         let out = task(input);
         drop(restore);
         self.take_error(stream)?;

@@ -1,12 +1,20 @@
 //! Errors returned by the runtime.
+//!
+//! [`ServerError`] is the umbrella every call returns. Mistakes in the caller's input have their own
+//! structured enums, so that code can match on what went wrong and read the numbers involved:
+//! [`LayoutError`] (shapes, strides, sizes, ranges, host data lengths), [`LaunchError`] (launch
+//! limits and arguments) and [`ValidationError`](crate::kernel::ValidationError) (a malformed
+//! kernel). Each is `#[non_exhaustive]`: new cases may be added.
 
 use crate::device::DeviceId;
+use crate::kernel::ValidationError;
 
 /// An error reported by a compute server.
 ///
 /// Errors of fire-and-forget calls (`launch`, `write`, `create`, ...) are queued on their stream and
 /// returned by the next `flush`, `sync` or read on that stream.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum ServerError {
     /// The device could not satisfy an allocation, even after releasing free pages and retrying.
     #[error("out of memory: could not allocate {requested} bytes ({reason})")]
@@ -15,6 +23,14 @@ pub enum ServerError {
         requested: u64,
         /// Why the allocation failed (the limit it hit, the driver's message).
         reason: String,
+    },
+    /// A single buffer larger than the device allows for one allocation (not a lack of memory).
+    #[error("buffer of {requested} bytes is larger than the device's maximum of {maximum} bytes")]
+    BufferTooLarge {
+        /// Bytes requested.
+        requested: u64,
+        /// The largest single buffer the device allows.
+        maximum: u64,
     },
     /// A handle was used with a client of another device.
     #[error(
@@ -26,6 +42,24 @@ pub enum ServerError {
         /// The device the handle was allocated on.
         found: DeviceId,
     },
+    /// A handle made by a server that `init` has since replaced on the same device.
+    #[error(
+        "handle was made by an earlier server of device {device}, which was re-initialised since; \
+         its memory is gone"
+    )]
+    ServerReplaced {
+        /// The device.
+        device: DeviceId,
+    },
+    /// A shape, stride, size, range or host-data length that does not fit.
+    #[error(transparent)]
+    Layout(#[from] LayoutError),
+    /// A launch that breaks a device limit or does not match its kernel's parameters.
+    #[error(transparent)]
+    Launch(#[from] LaunchError),
+    /// A kernel that breaks a rule of the IR (found before any backend compiles it).
+    #[error(transparent)]
+    InvalidKernel(#[from] ValidationError),
     /// An argument was invalid (sizes that do not match, a bad shape, a range out of bounds).
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
@@ -58,4 +92,215 @@ pub enum ProfileError {
     /// Profiling could not be started (for instance, a profile is already running on the stream).
     #[error("profiling unavailable: {0}")]
     Unavailable(String),
+}
+
+/// A shape, stride, size, range or host-data length that does not fit.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum LayoutError {
+    /// Shape and strides of different ranks.
+    #[error("shape {shape:?} (rank {}) and strides {strides:?} (rank {}) have different ranks", shape.len(), strides.len())]
+    RankMismatch {
+        /// The shape.
+        shape: Vec<usize>,
+        /// The strides.
+        strides: Vec<usize>,
+    },
+    /// A tensor whose size in bytes (or whose span over its strides) overflows `usize`.
+    #[error(
+        "a tensor of shape {shape:?} with strides {strides:?} and {elem_size}-byte elements \
+         is larger than the address space"
+    )]
+    SizeOverflow {
+        /// The shape.
+        shape: Vec<usize>,
+        /// The strides (row-major when the tensor is being created).
+        strides: Vec<usize>,
+        /// Size of one element in bytes.
+        elem_size: usize,
+    },
+    /// Strides that are not row-major with a unit last stride, or whose rows overlap (aliasing
+    /// strides such as `[0, 0]`: copies never broadcast).
+    #[error(
+        "strides {strides:?} of shape {shape:?} are not row-major with a unit last stride and non-overlapping rows"
+    )]
+    NotRowMajor {
+        /// The shape.
+        shape: Vec<usize>,
+        /// The strides.
+        strides: Vec<usize>,
+    },
+    /// A tensor that spans more bytes than its memory holds.
+    #[error(
+        "tensor of shape {shape:?} and strides {strides:?} spans {span} bytes, its memory has {size}"
+    )]
+    OutOfBounds {
+        /// The shape.
+        shape: Vec<usize>,
+        /// The strides.
+        strides: Vec<usize>,
+        /// Bytes from the first to one past the last element.
+        span: u64,
+        /// Bytes of the memory.
+        size: u64,
+    },
+    /// A byte range outside a handle.
+    #[error("range {start}..{start}+{len} is outside a handle of {size} bytes")]
+    RangeOutOfBounds {
+        /// First byte of the range.
+        start: u64,
+        /// Length of the range.
+        len: u64,
+        /// Size of the handle.
+        size: u64,
+    },
+    /// An element size of 0.
+    #[error("tensor with an element size of 0")]
+    ZeroElemSize,
+    /// Host data whose length differs from what the target holds.
+    #[error("{given} bytes given for a target of {expected} bytes")]
+    DataLength {
+        /// Bytes given.
+        given: u64,
+        /// Bytes the target holds.
+        expected: u64,
+    },
+    /// Bytes that are not a whole number of elements.
+    #[error("{len} bytes are not a whole number of {elem_size}-byte elements")]
+    NotWholeElements {
+        /// Bytes given.
+        len: u64,
+        /// Size of one element.
+        elem_size: usize,
+    },
+}
+
+/// A launch that breaks a device limit or does not match its kernel's parameters.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum LaunchError {
+    /// A cube dimension of 0.
+    #[error("kernel `{kernel}` has a cube dimension of 0: {cube_dim:?}")]
+    CubeDimZero {
+        /// The kernel.
+        kernel: String,
+        /// Its cube dimensions.
+        cube_dim: [u32; 3],
+    },
+    /// A cube dimension over the device's per-axis limit.
+    #[error(
+        "kernel `{kernel}` has cube dimensions {cube_dim:?}, the device allows at most {maximum:?}"
+    )]
+    CubeDimTooLarge {
+        /// The kernel.
+        kernel: String,
+        /// Its cube dimensions.
+        cube_dim: [u32; 3],
+        /// The device's limits (max_cube_dim).
+        maximum: [u32; 3],
+    },
+    /// More units per cube than the device allows (computed without overflow).
+    #[error(
+        "kernel `{kernel}` has {units} units per cube, the device allows at most {maximum} (max_units_per_cube)"
+    )]
+    TooManyUnits {
+        /// The kernel.
+        kernel: String,
+        /// Units per cube.
+        units: u64,
+        /// The device's limit.
+        maximum: u32,
+    },
+    /// A cube count over the device's per-axis limit.
+    #[error("cube count {count:?} exceeds the device's limits {maximum:?} (max_cube_count)")]
+    CubeCountTooLarge {
+        /// The count.
+        count: [u32; 3],
+        /// The device's limits.
+        maximum: [u32; 3],
+    },
+    /// A dynamic cube count whose buffer is misplaced or too small.
+    #[error(
+        "dynamic cube count at byte offset {offset} in {size} bytes: it needs 12 bytes at an offset that is a multiple of 4"
+    )]
+    DynamicCount {
+        /// Byte offset of the count in its buffer.
+        offset: u64,
+        /// Bytes of the count's binding.
+        size: u64,
+    },
+    /// More shared memory than the device allows per cube.
+    #[error("kernel `{kernel}` uses {bytes} bytes of shared memory, the device allows {maximum}")]
+    SharedMemory {
+        /// The kernel.
+        kernel: String,
+        /// Bytes the kernel uses.
+        bytes: u64,
+        /// The device's limit.
+        maximum: u64,
+    },
+    /// More private (local array) memory per unit than the runtime allows.
+    #[error(
+        "kernel `{kernel}` uses {bytes} bytes of local arrays per unit, the limit is {maximum}"
+    )]
+    PrivateMemory {
+        /// The kernel.
+        kernel: String,
+        /// Bytes per unit.
+        bytes: u64,
+        /// The limit.
+        maximum: u64,
+    },
+    /// A launch with a different number of buffers or scalars than the kernel declares.
+    #[error("kernel `{kernel}` takes {expected} {what}, the launch passes {found}")]
+    ArgumentCount {
+        /// The kernel.
+        kernel: String,
+        /// `"buffers"` or `"scalars"`.
+        what: &'static str,
+        /// Declared.
+        expected: usize,
+        /// Passed.
+        found: usize,
+    },
+    /// A scalar of another type than declared.
+    #[error("scalar `{name}` of kernel `{kernel}` is {expected}, the launch passes {found}")]
+    ScalarType {
+        /// The kernel.
+        kernel: String,
+        /// The scalar.
+        name: String,
+        /// Declared type.
+        expected: crate::elem::ElemType,
+        /// Passed type.
+        found: crate::elem::ElemType,
+    },
+    /// A buffer whose size is not a whole number of its items.
+    #[error(
+        "buffer `{name}` of kernel `{kernel}` holds {bytes} bytes, not a multiple of its {item_size}-byte item"
+    )]
+    BufferSize {
+        /// The kernel.
+        kernel: String,
+        /// The buffer.
+        name: String,
+        /// Bytes bound.
+        bytes: u64,
+        /// Bytes of one item.
+        item_size: usize,
+    },
+    /// Tensor metadata whose shape and strides ranks differ.
+    #[error(
+        "buffer `{name}` of kernel `{kernel}`: shape {shape:?} and strides {strides:?} have different ranks"
+    )]
+    MetadataRank {
+        /// The kernel.
+        kernel: String,
+        /// The buffer.
+        name: String,
+        /// The shape.
+        shape: Vec<usize>,
+        /// The strides.
+        strides: Vec<usize>,
+    },
 }

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use crate::device::DeviceId;
-use crate::error::ServerError;
+use crate::error::{LayoutError, ServerError};
 use crate::kernel::ScalarValue;
 use crate::layout::{Shape, Strides};
 use crate::memory::SliceHandle;
@@ -61,8 +61,13 @@ pub struct Handle {
 }
 
 impl Handle {
-    /// A handle over `size` bytes at the start of `memory` (backends and the client build these).
-    pub fn new(memory: SliceHandle, size: u64, owner: HandleOwner, stream: StreamId) -> Self {
+    /// A handle over the whole of `memory`, the size it was reserved with (backends and the
+    /// client build these).
+    ///
+    /// The size is taken from the slice, never from the caller, so that no handle can claim
+    /// bytes past its slice; [`range`](Self::range) makes a checked sub-handle.
+    pub fn new(memory: SliceHandle, owner: HandleOwner, stream: StreamId) -> Self {
+        let size = memory.size();
         Self {
             memory,
             offset_start: 0,
@@ -92,10 +97,7 @@ impl Handle {
     pub fn range(self, start: u64, len: u64) -> Result<Self, ServerError> {
         let size = self.size();
         if start.checked_add(len).is_none_or(|end| end > size) {
-            return Err(ServerError::InvalidArgument(format!(
-                "range {start}..{} is outside a handle of {size} bytes",
-                start.saturating_add(len)
-            )));
+            return Err(LayoutError::RangeOutOfBounds { start, len, size }.into());
         }
         Ok(self.offset_start(start).offset_end(size - start - len))
     }
@@ -212,34 +214,50 @@ impl CopyDescriptor {
         }
     }
 
-    /// Size of the data without padding, in bytes.
+    /// Size of the data without padding, in bytes (wraps for shapes too large for `usize`;
+    /// [`validate`](Self::validate) rejects those).
     pub fn compact_size(&self) -> usize {
-        self.shape.num_elements() * self.elem_size
+        self.shape.num_elements().wrapping_mul(self.elem_size)
+    }
+
+    /// Bytes from the first to one past the last element, `None` on overflow or when shape and
+    /// strides differ in rank.
+    pub fn span(&self) -> Option<usize> {
+        if self.shape.rank() != self.strides.rank() {
+            return None;
+        }
+        crate::layout::strided_span(&self.shape, &self.strides, self.elem_size)
     }
 
     /// Check the descriptor fits its memory and is row-major, as the runtime lays tensors out.
+    ///
+    /// Every size is computed with checked arithmetic: a shape, stride or element size whose
+    /// product overflows is a [`LayoutError::SizeOverflow`], never a wrapped value. Aliasing
+    /// strides are rejected (see [`check_row_major`](crate::layout::check_row_major)).
     pub fn validate(&self) -> Result<(), ServerError> {
+        if self.elem_size == 0 {
+            return Err(LayoutError::ZeroElemSize.into());
+        }
         crate::layout::check_row_major(&self.shape, &self.strides)?;
-        let needed = strided_span(&self.shape, &self.strides, self.elem_size);
-        if needed as u64 > self.binding.size() {
-            return Err(ServerError::InvalidArgument(format!(
-                "tensor of shape {:?} and strides {:?} spans {needed} bytes, its memory has {}",
-                self.shape.0,
-                self.strides.0,
-                self.binding.size()
-            )));
+        let overflow = || LayoutError::SizeOverflow {
+            shape: self.shape.0.clone(),
+            strides: self.strides.0.clone(),
+            elem_size: self.elem_size,
+        };
+        crate::layout::checked_compact_size(&self.shape, self.elem_size)?;
+        let span = self.span().ok_or_else(overflow)? as u64;
+        let size = self.binding.size();
+        if span > size {
+            return Err(LayoutError::OutOfBounds {
+                shape: self.shape.0.clone(),
+                strides: self.strides.0.clone(),
+                span,
+                size,
+            }
+            .into());
         }
         Ok(())
     }
-}
-
-/// Bytes from the first to one past the last element of a strided tensor.
-fn strided_span(shape: &[usize], strides: &[usize], elem_size: usize) -> usize {
-    if shape.contains(&0) {
-        return 0;
-    }
-    let last: usize = shape.iter().zip(strides).map(|(n, s)| (n - 1) * s).sum();
-    (last + 1) * elem_size
 }
 
 /// A buffer argument of a launch, with optional tensor metadata the kernel can query.

@@ -2,7 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::error::ServerError;
+use crate::error::{LayoutError, ServerError};
 use crate::handle::{CopyDescriptor, Handle};
 
 macro_rules! dims_newtype {
@@ -56,9 +56,29 @@ dims_newtype!(
 
 impl Shape {
     /// Number of elements.
+    ///
+    /// Wraps for shapes whose element count overflows `usize`; every path that allocates or
+    /// copies uses [`checked_num_elements`](Self::checked_num_elements) instead.
     pub fn num_elements(&self) -> usize {
         self.0.iter().product()
     }
+
+    /// Number of elements, `None` when it overflows `usize`.
+    pub fn checked_num_elements(&self) -> Option<usize> {
+        self.0.iter().try_fold(1usize, |n, &d| n.checked_mul(d))
+    }
+}
+
+/// Bytes of a compact tensor of `shape` with `elem_size`-byte elements, or the overflow error.
+pub fn checked_compact_size(shape: &[usize], elem_size: usize) -> Result<usize, LayoutError> {
+    shape
+        .iter()
+        .try_fold(elem_size, |n, &d| n.checked_mul(d))
+        .ok_or_else(|| LayoutError::SizeOverflow {
+            shape: shape.to_vec(),
+            strides: contiguous_strides(shape).0,
+            elem_size,
+        })
 }
 
 /// How the runtime may lay a tensor out.
@@ -101,9 +121,15 @@ impl MemoryLayoutDescriptor {
         Self::new(MemoryLayoutPolicy::Optimized, shape, elem_size)
     }
 
-    /// Size in bytes of the data without padding.
+    /// Size in bytes of the data without padding (wraps on overflow: see
+    /// [`checked_compact_size`](Self::checked_compact_size)).
     pub fn compact_size(&self) -> usize {
-        self.shape.num_elements() * self.elem_size
+        self.shape.num_elements().wrapping_mul(self.elem_size)
+    }
+
+    /// Size in bytes of the data without padding, or the overflow error.
+    pub fn checked_compact_size(&self) -> Result<usize, LayoutError> {
+        checked_compact_size(&self.shape, self.elem_size)
     }
 }
 
@@ -137,11 +163,12 @@ impl MemoryLayout {
     }
 }
 
-/// Row-major strides without padding.
+/// Row-major strides without padding (saturating for shapes too large for `usize`, which no
+/// allocation accepts).
 pub fn contiguous_strides(shape: &[usize]) -> Strides {
-    let mut strides = vec![1; shape.len()];
+    let mut strides = vec![1usize; shape.len()];
     for i in (0..shape.len().saturating_sub(1)).rev() {
-        strides[i] = strides[i + 1] * shape[i + 1].max(1);
+        strides[i] = strides[i + 1].saturating_mul(shape[i + 1].max(1));
     }
     Strides(strides)
 }
@@ -155,24 +182,42 @@ pub fn pitched_strides(shape: &[usize], elem_size: usize, row_alignment: usize) 
         return contiguous_strides(shape);
     }
     let align_elems = row_alignment / elem_size;
-    let row = shape[rank - 1].div_ceil(align_elems) * align_elems;
-    let mut strides = vec![1; rank];
+    let row = shape[rank - 1]
+        .div_ceil(align_elems)
+        .saturating_mul(align_elems);
+    let mut strides = vec![1usize; rank];
     strides[rank - 2] = row.max(1);
     for i in (0..rank - 2).rev() {
-        strides[i] = strides[i + 1] * shape[i + 1].max(1);
+        strides[i] = strides[i + 1].saturating_mul(shape[i + 1].max(1));
     }
     Strides(strides)
 }
 
-/// Bytes a row-major tensor with these strides occupies, padding of every row included.
-pub fn allocation_size(shape: &[usize], strides: &[usize], elem_size: usize) -> usize {
+/// Bytes a row-major tensor with these strides occupies, padding of every row included; `None`
+/// when that overflows `usize`.
+pub fn allocation_size(shape: &[usize], strides: &[usize], elem_size: usize) -> Option<usize> {
     if shape.contains(&0) {
-        return 0;
+        return Some(0);
     }
+    // The span (last element + 1) bounds the padded rows too: every dimension's extent must fit.
+    strided_span(shape, strides, elem_size)?;
     match shape.first() {
-        None => elem_size,
-        Some(&outer) => outer * strides[0].max(1) * elem_size,
+        None => Some(elem_size),
+        Some(&outer) => outer.checked_mul(strides[0].max(1))?.checked_mul(elem_size),
     }
+}
+
+/// Bytes from the first to one past the last element of a strided tensor, `None` when that
+/// overflows `usize` (shape and strides of the same rank).
+pub fn strided_span(shape: &[usize], strides: &[usize], elem_size: usize) -> Option<usize> {
+    if shape.contains(&0) {
+        return Some(0);
+    }
+    let mut last = 0usize;
+    for (&n, &stride) in shape.iter().zip(strides) {
+        last = last.checked_add((n - 1).checked_mul(stride)?)?;
+    }
+    last.checked_add(1)?.checked_mul(elem_size)
 }
 
 /// Tensors laid out one after the other in a single allocation (`create_tensors` packing).
@@ -222,44 +267,64 @@ pub fn pack_tensors(
     let mut total = 0u64;
     for descriptor in descriptors {
         if descriptor.elem_size == 0 {
-            return Err(ServerError::InvalidArgument(
-                "tensor with an element size of 0".into(),
-            ));
+            return Err(LayoutError::ZeroElemSize.into());
         }
+        let overflow = |strides: &Strides| LayoutError::SizeOverflow {
+            shape: descriptor.shape.0.clone(),
+            strides: strides.0.clone(),
+            elem_size: descriptor.elem_size,
+        };
+        descriptor.checked_compact_size()?;
         let strides = match (descriptor.policy, pitch_alignment) {
             (MemoryLayoutPolicy::Optimized, Some(align)) => {
                 pitched_strides(&descriptor.shape, descriptor.elem_size, align)
             }
             _ => contiguous_strides(&descriptor.shape),
         };
-        let size = allocation_size(&descriptor.shape, &strides, descriptor.elem_size) as u64;
-        total = total.next_multiple_of(alignment.max(1));
-        parts.push((total, size, strides));
-        total += size;
+        let size = allocation_size(&descriptor.shape, &strides, descriptor.elem_size)
+            .ok_or_else(|| overflow(&strides))? as u64;
+        let start = total
+            .checked_next_multiple_of(alignment.max(1))
+            .ok_or_else(|| overflow(&strides))?;
+        total = start.checked_add(size).ok_or_else(|| overflow(&strides))?;
+        parts.push((start, size, strides));
     }
     Ok(PackedTensors { total, parts })
 }
 
-/// Check that `strides` describe a row-major layout with unit last stride, as the runtime creates.
-pub fn check_row_major(shape: &[usize], strides: &[usize]) -> Result<(), ServerError> {
+/// Check that `strides` describe a row-major layout with unit last stride and rows that do not
+/// overlap, as the runtime creates.
+///
+/// This is the one rule for every copy (read, write, `read_tensor`, `to_client_tensor`): aliasing
+/// strides (`[0, 0]` over a shape with more than one element per dimension) are rejected, since a
+/// write through them is ambiguous and a read would be a broadcast the copy paths do not do.
+/// Dimensions of extent 1 may have any stride. Kernel launches take tensor metadata as given
+/// (kernels may broadcast), bounds-checked by the launch mode.
+pub fn check_row_major(shape: &[usize], strides: &[usize]) -> Result<(), LayoutError> {
     if shape.len() != strides.len() {
-        return Err(ServerError::InvalidArgument(format!(
-            "shape {shape:?} and strides {strides:?} have different ranks"
-        )));
+        return Err(LayoutError::RankMismatch {
+            shape: shape.to_vec(),
+            strides: strides.to_vec(),
+        });
     }
     let Some(&last) = strides.last() else {
         return Ok(());
     };
     let mut ok = last == 1 || shape[shape.len() - 1] <= 1;
     for i in 0..shape.len().saturating_sub(1) {
-        ok &= strides[i] >= strides[i + 1] * shape[i + 1];
+        // A product that overflows is larger than any stride: not row-major.
+        ok &= shape[i] <= 1
+            || strides[i + 1]
+                .checked_mul(shape[i + 1])
+                .is_some_and(|row| strides[i] >= row);
     }
     if ok {
         Ok(())
     } else {
-        Err(ServerError::InvalidArgument(format!(
-            "strides {strides:?} of shape {shape:?} are not row-major with a unit last stride"
-        )))
+        Err(LayoutError::NotRowMajor {
+            shape: shape.to_vec(),
+            strides: strides.to_vec(),
+        })
     }
 }
 
@@ -305,9 +370,10 @@ mod tests {
         assert_eq!(pitched_strides(&[3, 5], 4, 32).0, vec![8, 1]);
         assert_eq!(pitched_strides(&[2, 3, 5], 4, 32).0, vec![24, 8, 1]);
         assert_eq!(pitched_strides(&[7], 4, 32).0, vec![1]);
-        assert_eq!(allocation_size(&[3, 5], &[8, 1], 4), 96);
-        assert_eq!(allocation_size(&[0, 5], &[8, 1], 4), 0);
-        assert_eq!(allocation_size(&[], &[], 4), 4);
+        assert_eq!(allocation_size(&[3, 5], &[8, 1], 4), Some(96));
+        assert_eq!(allocation_size(&[0, 5], &[8, 1], 4), Some(0));
+        assert_eq!(allocation_size(&[], &[], 4), Some(4));
+        assert_eq!(allocation_size(&[1 << 62, 4], &[4, 1], 1), None);
     }
 
     #[test]
@@ -321,6 +387,33 @@ mod tests {
     fn row_major_check() {
         assert!(check_row_major(&[3, 5], &[8, 1]).is_ok());
         assert!(check_row_major(&[3, 5], &[1, 3]).is_err());
-        assert!(check_row_major(&[3, 5], &[5]).is_err());
+        assert!(matches!(
+            check_row_major(&[3, 5], &[5]),
+            Err(LayoutError::RankMismatch { .. })
+        ));
+        // Aliasing strides and wrapping products are rejected; extent-1 dimensions are free.
+        assert!(check_row_major(&[2, 2], &[0, 0]).is_err());
+        assert!(check_row_major(&[2, 2], &[usize::MAX - 2, 1]).is_ok());
+        assert!(check_row_major(&[2, 1 << 62], &[1, 4]).is_err());
+        assert!(check_row_major(&[1, 3], &[0, 1]).is_ok());
+    }
+
+    #[test]
+    fn packing_overflow_is_an_error() {
+        for (shape, elem) in [
+            (vec![(1usize << 62) + 1, 4], 1),
+            (vec![1 << 32, 1 << 32], 4),
+        ] {
+            let d = MemoryLayoutDescriptor::contiguous(shape, elem);
+            assert!(matches!(
+                pack_tensors(&[d], 16, None),
+                Err(ServerError::Layout(LayoutError::SizeOverflow { .. }))
+            ));
+        }
+        assert_eq!(strided_span(&[2, 2], &[usize::MAX - 2, 1], 4), None);
+        assert_eq!(
+            strided_span(&[2, 2], &[usize::MAX - 2, 1], 1),
+            Some(usize::MAX)
+        );
     }
 }

@@ -33,6 +33,11 @@ impl Features {
     }
 }
 
+/// The local-array budget per unit of backends without a documented hardware limit (64 KiB):
+/// large enough for register tiles and small per-unit buffers, small enough that a cube of
+/// units never needs more than a few tens of MiB of private memory.
+pub const DEFAULT_MAX_PRIVATE_BYTES_PER_UNIT: u64 = 64 * 1024;
+
 /// Limits of the device's compute units.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct HardwareProperties {
@@ -52,6 +57,8 @@ pub struct HardwareProperties {
     pub num_compute_units: u32,
     /// Widest useful load or store, in bytes.
     pub max_load_bytes: u32,
+    /// Most bytes of local arrays one unit may declare (checked before a kernel compiles).
+    pub max_private_bytes_per_unit: u64,
 }
 
 /// Everything a client can ask of a device: its name, limits, memory and features.

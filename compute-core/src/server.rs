@@ -116,7 +116,14 @@ pub trait ComputeServer: Send + Sized + 'static {
     fn memory_cleanup(&mut self, stream: StreamId);
 
     /// Switch `stream`'s allocation mode.
-    fn allocation_mode(&mut self, mode: MemoryAllocationMode, stream: StreamId);
+    ///
+    /// Returns the mode it replaces (so a section can restore it); `Auto` for a stream that has
+    /// no state.
+    fn allocation_mode(
+        &mut self,
+        mode: MemoryAllocationMode,
+        stream: StreamId,
+    ) -> MemoryAllocationMode;
 
     /// Install a pool layout (see `ComputeClient::configure_memory_pools`).
     fn configure_memory_pools(

@@ -261,11 +261,13 @@ fn run(ops: Vec<Op>, layout: usize, storage_alignment: u64, device_alignment: u6
                 }
             }
             Op::Cleanup(explicit) => mm.cleanup(explicit),
-            Op::Persistent(on) => mm.mode(if on {
-                MemoryAllocationMode::Persistent
-            } else {
-                MemoryAllocationMode::Auto
-            }),
+            Op::Persistent(on) => {
+                mm.mode(if on {
+                    MemoryAllocationMode::Persistent
+                } else {
+                    MemoryAllocationMode::Auto
+                });
+            }
         }
         check(&mut mm, &live, alignment);
     }

@@ -36,6 +36,8 @@ fn properties(device: CpuDevice) -> DeviceProperties {
             max_shared_memory_bytes: crate::exec::MAX_SHARED_MEMORY_BYTES,
             num_compute_units: rayon::current_num_threads() as u32,
             max_load_bytes: 64,
+            max_private_bytes_per_unit:
+                compute_core::properties::DEFAULT_MAX_PRIVATE_BYTES_PER_UNIT,
         },
         features: Features {
             elem_types: ElemType::ALL.to_vec(),

@@ -252,6 +252,7 @@ impl CpuServer {
         if let Some(plan) = self.plans.get(&kernel.id) {
             return Ok(plan.clone());
         }
+        kernel.definition.validate(&self.properties.hardware)?;
         let plan = Arc::new(exec::compile(&kernel.definition)?);
         self.plans.insert(kernel.id, plan.clone());
         Ok(plan)
@@ -371,7 +372,7 @@ impl ComputeServer for CpuServer {
         let owner = self.owner;
         let state = self.stream(stream)?;
         let slice = state.memory.reserve_for(total, state.capture.is_some())?;
-        let base = Handle::new(slice, total, owner, stream);
+        let base = Handle::new(slice, owner, stream);
         Ok(packed.layouts(&base, descriptors))
     }
 
@@ -379,7 +380,7 @@ impl ComputeServer for CpuServer {
         let owner = self.owner;
         let state = self.stream(stream)?;
         let slice = state.memory.reserve_for(size, state.capture.is_some())?;
-        Ok(Handle::new(slice, size, owner, stream))
+        Ok(Handle::new(slice, owner, stream))
     }
 
     fn write(
@@ -499,24 +500,8 @@ impl ComputeServer for CpuServer {
         mode: ExecutionMode,
         stream: StreamId,
     ) -> Result<(), ServerError> {
-        let definition = kernel.definition.clone();
-        let infos: Vec<_> = arguments
-            .buffers
-            .iter()
-            .map(|b| compute_core::kernel::BufferLaunchInfo {
-                len_bytes: b.binding.size(),
-                rank: b.shape.rank(),
-            })
-            .collect();
-        definition.check_launch(&infos, &arguments.scalars)?;
-        let shared = definition.shared_memory_bytes() as u64;
-        let limit = self.properties.hardware.max_shared_memory_bytes;
-        if shared > limit {
-            return Err(ServerError::InvalidArgument(format!(
-                "kernel `{}` uses {shared} bytes of shared memory, the device allows {limit}",
-                definition.name()
-            )));
-        }
+        kernel.definition.check_arguments(&arguments)?;
+        count.check(&self.properties.hardware)?;
         let plan = self.plan(&kernel)?;
         let (count, count_binding) = match count {
             CubeCount::Static(x, y, z) => (CountSource::Static([x, y, z]), None),
@@ -585,10 +570,13 @@ impl ComputeServer for CpuServer {
         }
     }
 
-    fn allocation_mode(&mut self, mode: MemoryAllocationMode, stream: StreamId) {
-        if let Ok(state) = self.stream(stream) {
-            state.memory.mode(mode);
-        }
+    fn allocation_mode(
+        &mut self,
+        mode: MemoryAllocationMode,
+        stream: StreamId,
+    ) -> MemoryAllocationMode {
+        self.stream(stream)
+            .map_or(MemoryAllocationMode::Auto, |state| state.memory.mode(mode))
     }
 
     fn configure_memory_pools(

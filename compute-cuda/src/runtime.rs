@@ -57,6 +57,7 @@ pub(crate) fn properties(context: &Context) -> DeviceProperties {
             max_shared_memory_bytes: shared as u64,
             num_compute_units: attr(A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT) as u32,
             max_load_bytes: 16,
+            max_private_bytes_per_unit: 512 * 1024,
         },
         features: Features {
             elem_types: ElemType::ALL.to_vec(),

@@ -4,10 +4,11 @@
 use std::sync::Arc;
 
 use compute_core::copy::Stores;
+use compute_core::error::LaunchError;
 use compute_core::future::DynFut;
 use compute_core::graph::GraphId;
 use compute_core::handle::{HandleOwner, StreamPoint};
-use compute_core::kernel::{BufferLaunchInfo, KernelId, ScalarValue};
+use compute_core::kernel::{KernelId, ScalarValue};
 use compute_core::layout::{contiguous_strides, pack_tensors};
 use compute_core::memory::{
     MemoryAllocationMode, MemoryManagement, MemoryPoolsConfig, MemoryUsage, PoolConfigError,
@@ -892,6 +893,7 @@ impl CudaServer {
         if let Some(found) = self.kernels.get(&(kernel.id, checked)) {
             return Ok(found.clone());
         }
+        kernel.definition.validate(&self.properties.hardware)?;
         let compiled = Arc::new(compiler::compile(
             &kernel.definition,
             kernel.id,
@@ -1296,7 +1298,7 @@ impl ComputeServer for CudaServer {
         let owner = self.owner;
         let state = self.stream(stream)?;
         let slice = state.memory.reserve_for(total, state.capture.is_some())?;
-        let base = Handle::new(slice, total, owner, stream);
+        let base = Handle::new(slice, owner, stream);
         Ok(packed.layouts(&base, descriptors))
     }
 
@@ -1353,23 +1355,10 @@ impl ComputeServer for CudaServer {
     ) -> Result<(), ServerError> {
         self.settle()?;
         let definition = &kernel.definition;
-        let infos: Vec<BufferLaunchInfo> = arguments
-            .buffers
-            .iter()
-            .map(|b| BufferLaunchInfo {
-                len_bytes: b.binding.size(),
-                rank: b.shape.rank(),
-            })
-            .collect();
-        definition.check_launch(&infos, &arguments.scalars)?;
-        let shared = definition.shared_memory_bytes() as u64;
-        let limit = self.properties.hardware.max_shared_memory_bytes;
-        if shared > limit {
-            return Err(ServerError::InvalidArgument(format!(
-                "kernel `{}` uses {shared} bytes of shared memory, the device allows {limit}",
-                definition.name()
-            )));
-        }
+        // The kernel's own limits (cube dimensions, shared and private memory) are checked once,
+        // with the rest of the IR, when it is compiled.
+        definition.check_arguments(&arguments)?;
+        count.check(&self.properties.hardware)?;
         let compiled = self.compiled(&kernel, mode == ExecutionMode::Checked)?;
         let grid = match &count {
             CubeCount::Static(x, y, z) => [*x, *y, *z],
@@ -1380,9 +1369,11 @@ impl ComputeServer for CudaServer {
         }
         let max = self.properties.hardware.max_cube_count;
         if grid.iter().zip(max).any(|(&g, m)| g > m) {
-            return Err(ServerError::InvalidArgument(format!(
-                "cube count {grid:?} exceeds the device's limits {max:?}"
-            )));
+            return Err(LaunchError::CubeCountTooLarge {
+                count: grid,
+                maximum: max,
+            }
+            .into());
         }
         let layout = &compiled.layout;
         let mut slots: Vec<[u64; SLOT_WORDS]> =
@@ -1499,10 +1490,13 @@ impl ComputeServer for CudaServer {
         }
     }
 
-    fn allocation_mode(&mut self, mode: MemoryAllocationMode, stream: StreamId) {
-        if let Ok(state) = self.stream(stream) {
-            state.memory.mode(mode);
-        }
+    fn allocation_mode(
+        &mut self,
+        mode: MemoryAllocationMode,
+        stream: StreamId,
+    ) -> MemoryAllocationMode {
+        self.stream(stream)
+            .map_or(MemoryAllocationMode::Auto, |state| state.memory.mode(mode))
     }
 
     fn configure_memory_pools(

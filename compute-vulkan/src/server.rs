@@ -15,7 +15,7 @@ use ash::vk;
 use compute_core::future::DynFut;
 use compute_core::graph::GraphId;
 use compute_core::handle::{BufferArgument, HandleOwner};
-use compute_core::kernel::{BufferLaunchInfo, KernelId, ScalarValue};
+use compute_core::kernel::{KernelId, ScalarValue};
 use compute_core::layout::{contiguous_strides, for_each_row, pack_tensors};
 use compute_core::memory::{
     MemoryAllocationMode, MemoryDeviceProperties, MemoryManagement, MemoryPoolsConfig, MemoryUsage,
@@ -186,7 +186,6 @@ pub struct VulkanServer {
     profiles: ProfileTable<QueryPool>,
     errors: ErrorQueue,
     collectives: Collectives,
-    launch_infos: Vec<BufferLaunchInfo>,
     words: Vec<u32>,
     info_words: Vec<u32>,
     descriptors: Vec<vk::DescriptorBufferInfo>,
@@ -358,6 +357,8 @@ impl VulkanServer {
                 max_shared_memory_bytes: u64::from(limits.max_compute_shared_memory_size),
                 num_compute_units: 1,
                 max_load_bytes: 16,
+                max_private_bytes_per_unit:
+                    compute_core::properties::DEFAULT_MAX_PRIVATE_BYTES_PER_UNIT,
             },
             features: Features {
                 elem_types: elem_types(&ctx.caps),
@@ -405,7 +406,6 @@ impl VulkanServer {
             profiles: ProfileTable::default(),
             errors,
             collectives: Collectives::default(),
-            launch_infos: Vec::new(),
             words: Vec::new(),
             info_words: Vec::new(),
             descriptors: Vec::new(),
@@ -584,6 +584,7 @@ impl VulkanServer {
             return Ok(found.clone());
         }
         let def = &kernel.definition;
+        def.validate(&self.properties.hardware)?;
         let compiled = spirv::compile(def, &self.ctx.caps, checked)?;
         // Launch info changes every launch: pushed. Everything else binds cached sets.
         let push = compiled.uses_info;
@@ -950,7 +951,7 @@ impl ComputeServer for VulkanServer {
         let owner = self.owner;
         let state = self.stream(stream)?;
         let slice = state.memory.reserve_for(total, state.capture.is_some())?;
-        let base = Handle::new(slice, total, owner, stream);
+        let base = Handle::new(slice, owner, stream);
         Ok(packed.layouts(&base, descriptors))
     }
 
@@ -959,7 +960,7 @@ impl ComputeServer for VulkanServer {
         let owner = self.owner;
         let state = self.stream(stream)?;
         let slice = state.memory.reserve_for(size, state.capture.is_some())?;
-        Ok(Handle::new(slice, size, owner, stream))
+        Ok(Handle::new(slice, owner, stream))
     }
 
     fn write(
@@ -1120,58 +1121,19 @@ impl ComputeServer for VulkanServer {
         stream: StreamId,
     ) -> Result<(), ServerError> {
         let def = &*kernel.definition;
-        let mut infos = core::mem::take(&mut self.launch_infos);
-        infos.clear();
-        infos.extend(arguments.buffers.iter().map(|b| BufferLaunchInfo {
-            len_bytes: b.binding.size(),
-            rank: b.shape.rank(),
-        }));
-        let checked_launch = def.check_launch(&infos, &arguments.scalars);
-        self.launch_infos = infos;
-        checked_launch?;
-        // Owners are checked by `resolve`, binding by binding.
-        let limits = self.ctx.limits();
-        let max_count = limits.max_compute_work_group_count;
-        let shared = def.shared_memory_bytes() as u64;
-        if shared > u64::from(limits.max_compute_shared_memory_size) {
-            return Err(ServerError::InvalidArgument(format!(
-                "kernel `{}` uses {shared} bytes of shared memory, the device allows {} (maxComputeSharedMemorySize)",
-                def.name(),
-                limits.max_compute_shared_memory_size
-            )));
-        }
-        let dim = def.cube_dim();
-        let max_dim = limits.max_compute_work_group_size;
-        if dim.iter().zip(max_dim).any(|(d, m)| *d > m)
-            || def.cube_size() > limits.max_compute_work_group_invocations
-        {
-            return Err(ServerError::InvalidArgument(format!(
-                "kernel `{}` has a cube of {dim:?} units, the device allows {max_dim:?} and {} in all",
-                def.name(),
-                limits.max_compute_work_group_invocations
-            )));
-        }
+        // Owners are checked by `resolve`, binding by binding. The kernel's own limits (cube
+        // dimensions, shared and private memory) are checked once, with the rest of the IR, when
+        // its pipeline is made.
+        def.check_arguments(&arguments)?;
+        count.check(&self.properties.hardware)?;
         let mut keep: Vec<Binding> = Vec::new();
         let capturing = self.captures > 0 && self.capturing(stream);
         let (count, empty) = match count {
             CubeCount::Static(x, y, z) => {
-                if [x, y, z].iter().zip(max_count).any(|(&c, m)| c > m) {
-                    return Err(ServerError::InvalidArgument(format!(
-                        "cube count {:?} of kernel `{}` exceeds the device's maxComputeWorkGroupCount {max_count:?}",
-                        [x, y, z],
-                        def.name()
-                    )));
-                }
                 (DispatchCount::Static([x, y, z]), x == 0 || y == 0 || z == 0)
             }
             CubeCount::Dynamic(binding) => {
                 let resource = self.resolve(&binding)?;
-                if resource.size < 12 || !resource.offset.is_multiple_of(4) {
-                    return Err(ServerError::InvalidArgument(format!(
-                        "a dynamic cube count needs 12 bytes (3 x u32) at a 4-byte aligned offset, its buffer has {} bytes at offset {}",
-                        resource.size, resource.offset
-                    )));
-                }
                 if capturing {
                     keep.push(binding);
                 }
@@ -1304,10 +1266,13 @@ impl ComputeServer for VulkanServer {
         }
     }
 
-    fn allocation_mode(&mut self, mode: MemoryAllocationMode, stream: StreamId) {
-        if let Ok(state) = self.stream(stream) {
-            state.memory.mode(mode);
-        }
+    fn allocation_mode(
+        &mut self,
+        mode: MemoryAllocationMode,
+        stream: StreamId,
+    ) -> MemoryAllocationMode {
+        self.stream(stream)
+            .map_or(MemoryAllocationMode::Auto, |state| state.memory.mode(mode))
     }
 
     fn configure_memory_pools(

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use compute_core::future::{DynFut, oneshot};
 use compute_core::graph::GraphId;
 use compute_core::handle::{BufferArgument, HandleOwner};
-use compute_core::kernel::{BufferLaunchInfo, KernelId, ScalarValue};
+use compute_core::kernel::{KernelId, ScalarValue};
 use compute_core::layout::{contiguous_strides, for_each_row, pack_tensors};
 use compute_core::memory::{
     MemoryAllocationMode, MemoryDeviceProperties, MemoryManagement, MemoryPoolsConfig, MemoryUsage,
@@ -187,7 +187,6 @@ pub struct WgpuServer {
     resolved: ResolveCache,
     /// The pipeline of the last launch, found without hashing when the next one is the same.
     last_pipeline: Option<(KernelId, bool, Arc<Pipeline>)>,
-    launch_infos: Vec<BufferLaunchInfo>,
     freed: FreedBuffers,
     next_pipeline: u64,
     graphs: HashMap<GraphId, WgpuGraph>,
@@ -360,7 +359,6 @@ impl WgpuServer {
             batch_limit,
             resolved: ResolveCache::default(),
             last_pipeline: None,
-            launch_infos: Vec::new(),
             freed,
             next_pipeline: 1,
             graphs: HashMap::new(),
@@ -530,6 +528,7 @@ impl WgpuServer {
             return Ok(found.clone());
         }
         let def = &kernel.definition;
+        def.validate(&self.properties.hardware)?;
         let compiled = compiler::compile(def, self.caps, checked)?;
         let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
         let module = self
@@ -807,6 +806,8 @@ fn properties(
             max_shared_memory_bytes: u64::from(limits.max_compute_workgroup_storage_size),
             num_compute_units: 1,
             max_load_bytes: 16,
+            max_private_bytes_per_unit:
+                compute_core::properties::DEFAULT_MAX_PRIVATE_BYTES_PER_UNIT,
         },
         features: Features {
             elem_types: caps.elem_types(),
@@ -862,7 +863,7 @@ impl ComputeServer for WgpuServer {
         let owner = self.owner;
         let state = self.stream(stream)?;
         let slice = state.memory.reserve_for(total, state.capture.is_some())?;
-        let base = Handle::new(slice, total, owner, stream);
+        let base = Handle::new(slice, owner, stream);
         Ok(packed.layouts(&base, descriptors))
     }
 
@@ -1035,41 +1036,10 @@ impl ComputeServer for WgpuServer {
         stream: StreamId,
     ) -> Result<(), ServerError> {
         let def = &*kernel.definition;
-        // A scratch list kept by the server: no allocation per launch.
-        let mut infos = core::mem::take(&mut self.launch_infos);
-        infos.clear();
-        infos.extend(arguments.buffers.iter().map(|b| BufferLaunchInfo {
-            len_bytes: b.binding.size(),
-            rank: b.shape.rank(),
-        }));
-        let checked_launch = def.check_launch(&infos, &arguments.scalars);
-        self.launch_infos = infos;
-        checked_launch?;
-        let limits = &self.info.limits;
-        let shared = def.shared_memory_bytes() as u64;
-        if shared > u64::from(limits.max_compute_workgroup_storage_size) {
-            return Err(ServerError::InvalidArgument(format!(
-                "kernel `{}` uses {shared} bytes of shared memory, the device allows {} (max_compute_workgroup_storage_size)",
-                def.name(),
-                limits.max_compute_workgroup_storage_size
-            )));
-        }
-        let dim = def.cube_dim();
-        let max_dim = [
-            limits.max_compute_workgroup_size_x,
-            limits.max_compute_workgroup_size_y,
-            limits.max_compute_workgroup_size_z,
-        ];
-        if dim.iter().zip(max_dim).any(|(d, m)| *d > m)
-            || def.cube_size() > limits.max_compute_invocations_per_workgroup
-        {
-            return Err(ServerError::InvalidArgument(format!(
-                "kernel `{}` has a cube of {dim:?} units, the device allows {max_dim:?} and {} in all",
-                def.name(),
-                limits.max_compute_invocations_per_workgroup
-            )));
-        }
-        let max_count = limits.max_compute_workgroups_per_dimension;
+        // The kernel's own limits (cube dimensions, shared and private memory) are checked once,
+        // with the rest of the IR, when its pipeline is made.
+        def.check_arguments(&arguments)?;
+        count.check(&self.properties.hardware)?;
         // Only a graph keeps the bindings (its launches outlive the caller's handles). A batch
         // does not need them: a slice freed and reused after this launch is written by work
         // issued later, which the one queue runs after this launch.
@@ -1077,23 +1047,10 @@ impl ComputeServer for WgpuServer {
         let mut bindings: Vec<Binding> = Vec::new();
         let (count, empty) = match count {
             CubeCount::Static(x, y, z) => {
-                if [x, y, z].iter().any(|&c| c > max_count) {
-                    return Err(ServerError::InvalidArgument(format!(
-                        "cube count {:?} of kernel `{}` exceeds the device's max_compute_workgroups_per_dimension ({max_count})",
-                        [x, y, z],
-                        def.name()
-                    )));
-                }
                 (DispatchCount::Static([x, y, z]), x == 0 || y == 0 || z == 0)
             }
             CubeCount::Dynamic(binding) => {
                 let resource = self.resolve(&binding)?;
-                if resource.size < 12 || resource.offset % 4 != 0 {
-                    return Err(ServerError::InvalidArgument(format!(
-                        "a dynamic cube count needs 12 bytes (3 x u32) at a 4-byte aligned offset, its buffer has {} bytes at offset {}",
-                        resource.size, resource.offset
-                    )));
-                }
                 bindings.push(binding);
                 (
                     DispatchCount::Dynamic {
@@ -1190,10 +1147,13 @@ impl ComputeServer for WgpuServer {
         let _ = self.submitter.prune();
     }
 
-    fn allocation_mode(&mut self, mode: MemoryAllocationMode, stream: StreamId) {
-        if let Ok(state) = self.stream(stream) {
-            state.memory.mode(mode);
-        }
+    fn allocation_mode(
+        &mut self,
+        mode: MemoryAllocationMode,
+        stream: StreamId,
+    ) -> MemoryAllocationMode {
+        self.stream(stream)
+            .map_or(MemoryAllocationMode::Auto, |state| state.memory.mode(mode))
     }
 
     fn configure_memory_pools(

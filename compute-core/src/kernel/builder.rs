@@ -104,6 +104,38 @@ impl Memory for LocalArray {
     }
 }
 
+/// Memory named by its IR reference, for replaying a kernel through a builder
+/// ([`KernelDefinition::validate`](super::KernelDefinition::validate)).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct RawMemory {
+    builder: u32,
+    mem: MemRef,
+}
+
+impl Memory for RawMemory {
+    fn mem_ref(self) -> (u32, MemRef) {
+        (self.builder, self.mem)
+    }
+}
+
+impl KernelBuilder {
+    /// The memory `mem` of this builder (whether it is declared is checked where it is used).
+    pub(super) fn raw_memory(&self, mem: MemRef) -> RawMemory {
+        RawMemory {
+            builder: self.tag,
+            mem,
+        }
+    }
+
+    /// The buffer parameter `index` of this builder.
+    pub(super) fn raw_buffer(&self, index: u32) -> Buffer {
+        Buffer {
+            builder: self.tag,
+            index,
+        }
+    }
+}
+
 /// An operand: a [`Value`], or a Rust literal (`2.0f32`, `1u32`, `true`, a [`ScalarValue`]) that
 /// becomes a constant of its type.
 pub trait IntoValue {

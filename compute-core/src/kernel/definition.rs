@@ -4,9 +4,10 @@ use serde::{Deserialize, Serialize};
 
 use super::hash::{KernelId, stable_hash};
 use super::ir::Block;
-use super::scalar::ScalarValue;
 use super::types::{BufferDecl, Item, LocalArrayDecl, ScalarDecl, SharedDecl, VarDecl};
-use crate::error::ServerError;
+use crate::error::LaunchError;
+use crate::handle::{CubeCount, KernelArguments};
+use crate::properties::HardwareProperties;
 
 /// A portable kernel, as [`KernelBuilder::build`](super::KernelBuilder::build) returns it.
 ///
@@ -23,15 +24,6 @@ pub struct KernelDefinition {
     pub(crate) vars: Vec<VarDecl>,
     pub(crate) values: Vec<Item>,
     pub(crate) body: Block,
-}
-
-/// What a launch binds to one buffer parameter, for [`KernelDefinition::check_launch`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct BufferLaunchInfo {
-    /// Size of the bound memory in bytes.
-    pub len_bytes: u64,
-    /// Rank of the attached tensor metadata (0 for a plain buffer).
-    pub rank: usize,
 }
 
 impl KernelDefinition {
@@ -99,52 +91,96 @@ impl KernelDefinition {
     }
 
     /// Check a launch's arguments against the parameters: buffer count, scalar count and types,
-    /// buffer sizes a multiple of the buffer's item size.
-    pub fn check_launch(
-        &self,
-        buffers: &[BufferLaunchInfo],
-        scalars: &[ScalarValue],
-    ) -> Result<(), ServerError> {
-        let invalid = |msg: String| Err(ServerError::InvalidArgument(msg));
-        if buffers.len() != self.buffers.len() {
-            return invalid(format!(
-                "kernel `{}` takes {} buffers, the launch binds {}",
-                self.name,
+    /// buffer sizes a multiple of the buffer's item size, tensor metadata of equal shape and
+    /// strides ranks.
+    pub fn check_arguments(&self, arguments: &KernelArguments) -> Result<(), LaunchError> {
+        let kernel = || self.name.clone();
+        let count = |what, expected, found| LaunchError::ArgumentCount {
+            kernel: kernel(),
+            what,
+            expected,
+            found,
+        };
+        if arguments.buffers.len() != self.buffers.len() {
+            return Err(count(
+                "buffers",
                 self.buffers.len(),
-                buffers.len()
+                arguments.buffers.len(),
             ));
         }
-        if scalars.len() != self.scalars.len() {
-            return invalid(format!(
-                "kernel `{}` takes {} scalars, the launch passes {}",
-                self.name,
+        if arguments.scalars.len() != self.scalars.len() {
+            return Err(count(
+                "scalars",
                 self.scalars.len(),
-                scalars.len()
+                arguments.scalars.len(),
             ));
         }
-        for (decl, info) in self.buffers.iter().zip(buffers) {
-            let item = decl.item().size() as u64;
-            if info.len_bytes % item != 0 {
-                return invalid(format!(
-                    "buffer `{}` of kernel `{}` holds {} bytes, not a multiple of its item {} ({item} bytes)",
-                    decl.name,
-                    self.name,
-                    info.len_bytes,
-                    decl.item()
-                ));
+        for (decl, arg) in self.buffers.iter().zip(&arguments.buffers) {
+            let item = decl.item().size();
+            let bytes = arg.binding.size();
+            if bytes % item as u64 != 0 {
+                return Err(LaunchError::BufferSize {
+                    kernel: kernel(),
+                    name: decl.name.clone(),
+                    bytes,
+                    item_size: item,
+                });
+            }
+            if arg.shape.rank() != arg.strides.rank() {
+                return Err(LaunchError::MetadataRank {
+                    kernel: kernel(),
+                    name: decl.name.clone(),
+                    shape: arg.shape.0.clone(),
+                    strides: arg.strides.0.clone(),
+                });
             }
         }
-        for (decl, value) in self.scalars.iter().zip(scalars) {
+        for (decl, value) in self.scalars.iter().zip(&arguments.scalars) {
             if value.elem_type() != decl.elem {
-                return invalid(format!(
-                    "scalar `{}` of kernel `{}` is {}, the launch passes {}",
-                    decl.name,
-                    self.name,
-                    decl.elem,
-                    value.elem_type()
-                ));
+                return Err(LaunchError::ScalarType {
+                    kernel: kernel(),
+                    name: decl.name.clone(),
+                    expected: decl.elem,
+                    found: value.elem_type(),
+                });
             }
         }
         Ok(())
+    }
+}
+
+impl CubeCount {
+    /// Check the count against the device: a static count within `max_cube_count` on every
+    /// axis (a zero axis is an empty launch), a dynamic count bound to at least 12 bytes at an
+    /// offset that is a multiple of 4.
+    ///
+    /// A dynamic count's values are only known when the launch runs; backends guard them there
+    /// (a count over the limit runs as an empty dispatch and queues
+    /// [`LaunchError::CubeCountTooLarge`] on the stream).
+    pub fn check(&self, hardware: &HardwareProperties) -> Result<(), LaunchError> {
+        match self {
+            CubeCount::Static(x, y, z) => {
+                let count = [*x, *y, *z];
+                if count
+                    .iter()
+                    .zip(hardware.max_cube_count)
+                    .any(|(&c, m)| c > m)
+                {
+                    return Err(LaunchError::CubeCountTooLarge {
+                        count,
+                        maximum: hardware.max_cube_count,
+                    });
+                }
+                Ok(())
+            }
+            CubeCount::Dynamic(binding) => {
+                let offset = binding.handle().slice_offset_start();
+                let size = binding.size();
+                if !offset.is_multiple_of(4) || size < 12 {
+                    return Err(LaunchError::DynamicCount { offset, size });
+                }
+                Ok(())
+            }
+        }
     }
 }

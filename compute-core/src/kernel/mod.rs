@@ -44,9 +44,10 @@ mod hash;
 pub mod ir;
 mod scalar;
 mod types;
+mod validate;
 
 pub use builder::{Buffer, IntoValue, KernelBuilder, LocalArray, Memory, SharedArray, Value, Var};
-pub use definition::{BufferLaunchInfo, KernelDefinition};
+pub use definition::KernelDefinition;
 pub use error::BuildError;
 pub use hash::KernelId;
 pub use ir::{
@@ -57,6 +58,7 @@ pub use types::{
     Access, BufferDecl, Builtin, Item, LocalArrayDecl, ScalarDecl, SharedDecl, VECTOR_WIDTHS,
     VarDecl,
 };
+pub use validate::ValidationError;
 
 #[cfg(test)]
 mod tests;

@@ -192,42 +192,245 @@ fn the_hash_is_stable_across_processes_and_platforms() {
 
 const AXPY4_ID: &str = "2df128a578ed71f26d811d1ed683bc0a";
 
-#[test]
-fn check_launch_names_the_kernel_and_argument() {
-    let def = axpy(4);
-    let ok = BufferLaunchInfo {
-        len_bytes: 64,
-        rank: 0,
+fn args(sizes: &[u64], scalars: &[ScalarValue]) -> crate::handle::KernelArguments {
+    use crate::handle::{Handle, HandleOwner, KernelArguments};
+    let owner = HandleOwner {
+        device: crate::DeviceId {
+            type_id: 0,
+            index_id: 0,
+        },
+        server: 0,
     };
-    assert!(
-        def.check_launch(&[ok, ok], &[ScalarValue::F32(1.0)])
-            .is_ok()
-    );
-    let err = def
-        .check_launch(&[ok], &[ScalarValue::F32(1.0)])
-        .unwrap_err();
+    let mut a = KernelArguments::new();
+    for &size in sizes {
+        let memory = crate::memory::SliceHandle::detached_sized(size);
+        a = a.buffer(Handle::new(memory, owner, crate::StreamId::current()).binding());
+    }
+    for &v in scalars {
+        a = a.scalar(v);
+    }
+    a
+}
+
+#[test]
+fn check_arguments_names_the_kernel_and_argument() {
+    use crate::error::LaunchError;
+    let def = axpy(4);
+    let one = [ScalarValue::F32(1.0)];
+    assert!(def.check_arguments(&args(&[64, 64], &one)).is_ok());
+    let err = def.check_arguments(&args(&[64], &one)).unwrap_err();
+    assert!(matches!(
+        err,
+        LaunchError::ArgumentCount {
+            what: "buffers",
+            expected: 2,
+            found: 1,
+            ..
+        }
+    ));
     assert!(err.to_string().contains("takes 2 buffers"), "{err}");
     let err = def
-        .check_launch(&[ok, ok], &[ScalarValue::F64(1.0)])
+        .check_arguments(&args(&[64, 64], &[ScalarValue::F64(1.0)]))
         .unwrap_err();
     assert!(
         err.to_string()
             .contains("scalar `a` of kernel `axpy` is f32"),
         "{err}"
     );
-    let odd = BufferLaunchInfo {
-        len_bytes: 20,
-        rank: 0,
-    };
-    let err = def
-        .check_launch(&[ok, odd], &[ScalarValue::F32(1.0)])
-        .unwrap_err();
+    let err = def.check_arguments(&args(&[64, 20], &one)).unwrap_err();
     assert!(
-        err.to_string()
-            .contains("buffer `y` of kernel `axpy` holds 20 bytes"),
+        matches!(&err, LaunchError::BufferSize { name, bytes: 20, item_size: 16, .. } if name == "y"),
         "{err}"
     );
-    assert!(def.check_launch(&[ok, ok], &[]).is_err());
+    assert!(def.check_arguments(&args(&[64, 64], &[])).is_err());
+    // Tensor metadata whose ranks differ.
+    let mut a = args(&[64], &one);
+    let y = a.buffers[0].binding.clone();
+    a = a.tensor(y, [4, 4], [4]);
+    assert!(matches!(
+        def.check_arguments(&a),
+        Err(LaunchError::MetadataRank { .. })
+    ));
+}
+
+fn hardware() -> crate::properties::HardwareProperties {
+    crate::properties::HardwareProperties {
+        plane_size_min: 32,
+        plane_size_max: 32,
+        max_units_per_cube: 1024,
+        max_cube_dim: [1024, 1024, 64],
+        max_cube_count: [65535; 3],
+        max_shared_memory_bytes: 48 * 1024,
+        num_compute_units: 1,
+        max_load_bytes: 16,
+        max_private_bytes_per_unit: 64 * 1024,
+    }
+}
+
+fn validate(def: &KernelDefinition) -> Result<(), crate::ServerError> {
+    def.validate(&hardware())
+}
+
+#[test]
+fn built_kernels_validate() {
+    for width in [1, 2, 4] {
+        validate(&axpy(width)).unwrap();
+    }
+    let mut k = KernelBuilder::new("loops", [64, 1, 1]);
+    let out = k.output("out", ElemType::U32, 1);
+    let n = k.scalar("n", ElemType::U32);
+    let sh = k.shared("sh", ElemType::U32, 1, 64);
+    let loc = k.local_array("loc", ElemType::U32, 1, 4);
+    let acc = k.var(0u32);
+    k.range(0u32, n, 1u32, |k, i| {
+        let v = k.get(acc);
+        let v = k.add(v, i);
+        k.assign(acc, v);
+        k.store(loc, 0u32, v);
+    });
+    let u = k.unit_pos();
+    let v = k.get(acc);
+    k.store(sh, u, v);
+    k.barrier();
+    k.loop_(|k| {
+        let zero = k.eq(u, 0u32);
+        k.if_else(zero, |k| k.break_(), |k| k.break_());
+    });
+    let s = k.load(sh, 0u32);
+    let old = k.atomic_add(out, 0u32, s);
+    k.store(out, 1u32, old);
+    validate(&k.build().unwrap()).unwrap();
+}
+
+fn expect_invalid(def: &KernelDefinition, check: impl Fn(&ValidationError) -> bool) {
+    match validate(def) {
+        Err(crate::ServerError::InvalidKernel(e)) => assert!(check(&e), "{e:?}"),
+        other => panic!("expected an invalid kernel, got {other:?}"),
+    }
+}
+
+#[test]
+fn malformed_kernels_are_rejected_once_by_rule() {
+    use super::ir::{MemRef, Op, Stmt};
+    use super::types::{Access, Item};
+    let base = axpy(1);
+    // Value 3 (`i`) and value 4 (`len`) swapped in the body: a use before the definition.
+    let mut def = base.clone();
+    let first_use = def
+        .body
+        .stmts
+        .iter()
+        .position(|s| {
+            matches!(
+                s,
+                Stmt::Let {
+                    op: Op::Compare(..),
+                    ..
+                }
+            )
+        })
+        .unwrap();
+    let moved = def.body.stmts.remove(first_use);
+    def.body.stmts.insert(0, moved);
+    expect_invalid(&def, |e| {
+        matches!(e, ValidationError::UseBeforeDefinition { .. })
+    });
+    // A value defined twice.
+    let mut def = base.clone();
+    let dup = def.body.stmts[1].clone();
+    def.body.stmts.insert(2, dup);
+    expect_invalid(&def, |e| matches!(e, ValidationError::DefinedTwice { .. }));
+    // `f32 fma` declared as u32.
+    let mut def = base.clone();
+    let last = def.values.len() - 1;
+    def.values[last] = Item::scalar(ElemType::U32);
+    expect_invalid(
+        &def,
+        |e| matches!(e, ValidationError::TypeMismatch { computed, .. } if computed.elem == ElemType::F32),
+    );
+    // A store to a read-only buffer.
+    let mut def = base.clone();
+    def.buffers[1].access = Access::ReadOnly;
+    expect_invalid(&def, |e| {
+        matches!(e, ValidationError::Rule(BuildError::ReadOnly { .. }))
+    });
+    // An undeclared buffer and an undeclared scalar.
+    let mut def = base.clone();
+    let out = super::ir::ValueId(def.values.len() as u32);
+    def.values.push(Item::scalar(ElemType::F32));
+    let index = super::ir::ValueId(0);
+    def.body.stmts.push(Stmt::Let {
+        out,
+        op: Op::Load {
+            mem: MemRef::Global(7),
+            index,
+        },
+    });
+    expect_invalid(&def, |e| {
+        matches!(e, ValidationError::Rule(BuildError::Unknown { .. }))
+    });
+    let mut def = base.clone();
+    let scalar_let = def
+        .body
+        .stmts
+        .iter_mut()
+        .find_map(|s| match s {
+            Stmt::Let {
+                op: op @ Op::Scalar(_),
+                ..
+            } => Some(op),
+            _ => None,
+        })
+        .unwrap();
+    *scalar_let = Op::Scalar(5);
+    expect_invalid(&def, |e| {
+        matches!(
+            e,
+            ValidationError::Undeclared {
+                what: "scalar",
+                index: 5,
+                ..
+            }
+        )
+    });
+    // `break` outside a loop.
+    let mut def = base.clone();
+    def.body.stmts.push(Stmt::Break);
+    expect_invalid(&def, |e| {
+        matches!(e, ValidationError::Rule(BuildError::NotInLoop { .. }))
+    });
+}
+
+#[test]
+fn device_limits_are_checked_before_compiling() {
+    use crate::error::LaunchError;
+    let limit = |def: &KernelDefinition| match validate(def) {
+        Err(crate::ServerError::Launch(e)) => e,
+        other => panic!("expected a launch error, got {other:?}"),
+    };
+    let mut def = axpy(1);
+    def.cube_dim = [0, 1, 1];
+    assert!(matches!(limit(&def), LaunchError::CubeDimZero { .. }));
+    def.cube_dim = [2048, 1, 1];
+    assert!(matches!(limit(&def), LaunchError::CubeDimTooLarge { .. }));
+    // The unit count is computed in 64 bits: [2^31 + 1, 2, 1] does not wrap to 2 units.
+    let mut hw = hardware();
+    hw.max_cube_dim = [u32::MAX; 3];
+    def.cube_dim = [(1 << 31) + 1, 2, 1];
+    assert!(matches!(
+        def.validate(&hw),
+        Err(crate::ServerError::Launch(LaunchError::TooManyUnits { units, .. })) if units == (1u64 << 32) + 2
+    ));
+    let mut k = KernelBuilder::new("private", [1, 1, 1]);
+    let out = k.output("out", ElemType::U32, 1);
+    let loc = k.local_array("loc", ElemType::U32, 1, u32::MAX);
+    let v = k.load(loc, 0u32);
+    k.store(out, 0u32, v);
+    let def = k.build().unwrap();
+    assert!(matches!(
+        limit(&def),
+        LaunchError::PrivateMemory { bytes, .. } if bytes == 4 * u64::from(u32::MAX)
+    ));
 }
 
 #[test]

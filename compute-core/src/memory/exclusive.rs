@@ -105,7 +105,7 @@ impl ExclusivePool {
                 size,
             },
         };
-        let handle = SliceHandle::new(SliceId::fresh(self.tag));
+        let handle = SliceHandle::new(SliceId::fresh(self.tag), size);
         self.slices.insert(
             handle.id(),
             Slice {

@@ -304,9 +304,9 @@ impl<S: ComputeStorage> MemoryManagement<S> {
             .fold(MemoryUsage::default(), MemoryUsage::combine)
     }
 
-    /// Set the allocation mode of later reservations.
-    pub fn mode(&mut self, mode: MemoryAllocationMode) {
-        self.mode = mode;
+    /// Set the allocation mode of later reservations; returns the mode it replaces.
+    pub fn mode(&mut self, mode: MemoryAllocationMode) -> MemoryAllocationMode {
+        core::mem::replace(&mut self.mode, mode)
     }
 
     /// The allocation mode.

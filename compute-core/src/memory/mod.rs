@@ -77,24 +77,44 @@ impl SliceId {
 ///
 /// Every clone is a live use of the slice. The pool holds one copy; the slice returns to its pool
 /// once all the others are dropped.
+///
+/// A slice handle also carries the size the slice was reserved with, fixed for its life, so that
+/// a [`Handle`](crate::Handle) made from it can never claim more bytes than the slice holds.
 #[derive(Clone, Debug)]
-pub struct SliceHandle(Arc<SliceId>);
+pub struct SliceHandle(Arc<SliceInfo>);
+
+#[derive(Debug)]
+struct SliceInfo {
+    id: SliceId,
+    size: u64,
+}
 
 impl SliceHandle {
-    fn new(id: SliceId) -> Self {
-        SliceHandle(Arc::new(id))
+    fn new(id: SliceId, size: u64) -> Self {
+        SliceHandle(Arc::new(SliceInfo { id, size }))
     }
 
-    /// A handle that refers to no memory (for allocations that failed).
+    /// A handle that refers to no memory (for allocations that failed): its size is 0.
     ///
     /// Its id is unique and never resolves: [`MemoryManagement::get`] returns `None` for it.
     pub fn detached() -> Self {
-        SliceHandle::new(SliceId::fresh(DETACHED_TAG))
+        SliceHandle::new(SliceId::fresh(DETACHED_TAG), 0)
+    }
+
+    /// A detached handle claiming `size` bytes, for unit tests of size checks.
+    #[cfg(test)]
+    pub(crate) fn detached_sized(size: u64) -> Self {
+        SliceHandle::new(SliceId::fresh(DETACHED_TAG), size)
     }
 
     /// The id of the slice.
     pub fn id(&self) -> SliceId {
-        *self.0
+        self.0.id
+    }
+
+    /// The size in bytes the slice was reserved with.
+    pub fn size(&self) -> u64 {
+        self.0.size
     }
 
     /// Whether only one copy of this handle is left (for a pooled slice: the pool's own one, so

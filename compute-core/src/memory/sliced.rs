@@ -128,7 +128,7 @@ impl SlicedPool {
                 size,
             },
         };
-        let handle = SliceHandle::new(SliceId::fresh(self.tag));
+        let handle = SliceHandle::new(SliceId::fresh(self.tag), size);
         self.slices.insert(
             handle.id(),
             Slice {

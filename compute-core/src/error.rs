@@ -42,10 +42,11 @@ pub enum ServerError {
         /// The device the handle was allocated on.
         found: DeviceId,
     },
-    /// A handle made by a server that `init` has since replaced on the same device.
+    /// A handle made by another server instance of the same device: the device's server was
+    /// re-initialised with `ComputeClient::init`, and the handle belongs to the other instance.
     #[error(
-        "handle was made by an earlier server of device {device}, which was re-initialised since; \
-         its memory is gone"
+        "handle was made by another server of device {device}: the device's server was \
+         re-initialised (ComputeClient::init) between the handle's creation and this use"
     )]
     ServerReplaced {
         /// The device.

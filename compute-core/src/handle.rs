@@ -176,6 +176,10 @@ impl Binding {
         let found = self.handle.owner;
         if found == owner {
             Ok(())
+        } else if found.device == owner.device {
+            Err(ServerError::ServerReplaced {
+                device: owner.device,
+            })
         } else {
             Err(ServerError::WrongDevice {
                 expected: owner.device,

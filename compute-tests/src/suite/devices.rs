@@ -142,8 +142,8 @@ pub fn init_replaces_the_server<R: Runtime>(client: ComputeClient<R>) {
         vec![8.0]
     );
     assert!(
-        matches!(old.read_one(h), Err(ServerError::WrongDevice { .. })),
-        "a handle of the new server is foreign to the old one"
+        matches!(old.read_one(h), Err(ServerError::ServerReplaced { device }) if device == last),
+        "a handle of the new server is foreign to the old one, and the error says why"
     );
     assert_eq!(old.read_one(kept).unwrap().to_elems::<f32>(), vec![7.0]);
     let fut = fresh.sync();

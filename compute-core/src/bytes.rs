@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use std::sync::OnceLock;
 
 use crate::elem::Elem;
-use crate::error::ServerError;
+use crate::error::{LayoutError, ServerError};
 
 /// Alignment of every buffer the runtime allocates on the host, in bytes.
 pub const HOST_ALIGNMENT: usize = 64;
@@ -455,9 +455,28 @@ impl Bytes {
         self.as_ref().to_vec()
     }
 
-    /// A copy of the bytes as a vector of elements; the length must be a multiple of the size.
+    /// A copy of the bytes as a vector of elements.
+    ///
+    /// # Panics
+    /// Panics when the length is not a whole number of `E`s (nothing is padded or dropped);
+    /// [`try_to_elems`](Self::try_to_elems) returns the error instead.
     pub fn to_elems<E: Elem>(&self) -> Vec<E> {
-        bytemuck::pod_collect_to_vec(self.as_ref())
+        self.try_to_elems()
+            .unwrap_or_else(|e| panic!("Bytes::to_elems: {e}"))
+    }
+
+    /// A copy of the bytes as a vector of elements, or [`LayoutError::NotWholeElements`] when
+    /// the length is not a multiple of the element size.
+    pub fn try_to_elems<E: Elem>(&self) -> Result<Vec<E>, LayoutError> {
+        let size = core::mem::size_of::<E>();
+        let bytes: &[u8] = self.as_ref();
+        if size == 0 || !bytes.len().is_multiple_of(size) {
+            return Err(LayoutError::NotWholeElements {
+                len: bytes.len() as u64,
+                elem_size: size,
+            });
+        }
+        Ok(bytemuck::pod_collect_to_vec(bytes))
     }
 
     /// The bytes viewed as elements, if aligned and of a fitting length.
@@ -668,5 +687,32 @@ mod tests {
         let mut b = Bytes::lazy(2, || Ok(Bytes::from_slice(&[1, 2])));
         b[0] = 9;
         assert_eq!(&*b, &[9, 2]);
+    }
+
+    #[test]
+    fn to_elems_never_pads_or_drops() {
+        let three = Bytes::from_slice(&[1, 2, 3]);
+        assert_eq!(
+            three.try_to_elems::<f64>(),
+            Err(LayoutError::NotWholeElements {
+                len: 3,
+                elem_size: 8
+            })
+        );
+        let six = Bytes::from_slice(&[0; 6]);
+        assert!(matches!(
+            six.try_to_elems::<f32>(),
+            Err(LayoutError::NotWholeElements {
+                len: 6,
+                elem_size: 4
+            })
+        ));
+        assert_eq!(
+            Bytes::from_elem_slice(&[1.5f32, 2.5]).try_to_elems::<f32>(),
+            Ok(vec![1.5, 2.5])
+        );
+        let panicked =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| six.to_elems::<f32>()));
+        assert!(panicked.is_err(), "to_elems of 6 bytes as f32 panics");
     }
 }

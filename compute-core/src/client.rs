@@ -11,7 +11,7 @@ use crate::bytes::Bytes;
 use crate::collective::ReduceOperation;
 use crate::device::{Device, DeviceId, registry_get_or_create, registry_set};
 use crate::elem::ElemType;
-use crate::error::{ProfileError, ServerError};
+use crate::error::{LayoutError, ProfileError, ServerError};
 use crate::exclusive::ExclusiveGate;
 use crate::future::{DynFut, block_on};
 use crate::graph::Graph;
@@ -178,7 +178,7 @@ impl<R: Runtime> ComputeClient<R> {
 
     fn take_error(&self, stream: StreamId) -> Result<(), ServerError> {
         let mut errors = self.shared.errors.lock();
-        match errors.get_mut(&stream).and_then(VecDeque::pop_front) {
+        match errors.get_mut(&stream).and_then(crate::error::take_first) {
             Some(e) => Err(e),
             None => Ok(()),
         }
@@ -349,14 +349,13 @@ impl<R: Runtime> ComputeClient<R> {
     ) -> Result<Vec<MemoryLayout>, ServerError> {
         let stream = self.stream_id();
         for (descriptor, bytes) in &descriptors {
-            if bytes.len() != descriptor.compact_size() {
-                return Err(ServerError::InvalidArgument(format!(
-                    "{} bytes given for a tensor of shape {:?} with {}-byte elements ({} bytes)",
-                    bytes.len(),
-                    descriptor.shape.0,
-                    descriptor.elem_size,
-                    descriptor.compact_size()
-                )));
+            let expected = descriptor.checked_compact_size()?;
+            if bytes.len() != expected {
+                return Err(LayoutError::DataLength {
+                    given: bytes.len() as u64,
+                    expected: expected as u64,
+                }
+                .into());
             }
         }
         let layout_descriptors: Vec<_> = descriptors.iter().map(|(d, _)| d.clone()).collect();
@@ -631,8 +630,25 @@ impl<R: Runtime> ComputeClient<R> {
     ///
     /// The copy goes through host memory; it waits for `src`'s data on this client's stream.
     /// Errors are queued on `dst_server`'s stream.
+    ///
+    /// The handle's size must be a whole number of `dtype` elements: otherwise the error
+    /// ([`LayoutError::NotWholeElements`]) is queued on `dst_server`'s stream and nothing is
+    /// copied (no tail is dropped silently).
     pub fn to_client(&mut self, src: Handle, dst_server: &Self, dtype: ElemType) -> Handle {
         let size = src.size() as usize;
+        let elem = dtype.size().max(1);
+        if !size.is_multiple_of(elem) {
+            let stream = dst_server.stream_id();
+            dst_server.push_error(
+                stream,
+                LayoutError::NotWholeElements {
+                    len: size as u64,
+                    elem_size: elem,
+                }
+                .into(),
+            );
+            return dst_server.failed_handle(stream);
+        }
         let descriptor = CopyDescriptor::new(
             src.binding(),
             [size / dtype.size().max(1)],

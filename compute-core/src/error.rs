@@ -305,3 +305,27 @@ pub enum LaunchError {
         strides: Vec<usize>,
     },
 }
+
+/// Errors discarded by [`take_first`] since the process started.
+static DISCARDED: core::sync::atomic::AtomicU64 = core::sync::atomic::AtomicU64::new(0);
+
+/// The error-queue contract, the same for every backend and for the client: the call that
+/// reports (`flush`, `sync`, a read, a profile) returns the **first** error queued on its stream
+/// since the last report, and the errors queued behind it are discarded, so that one failed
+/// section (an allocation that failed, then the launches that used its empty handle) does not
+/// fail the next, unrelated call. Discarded errors are counted ([`discarded_errors`]).
+pub fn take_first(queue: &mut std::collections::VecDeque<ServerError>) -> Option<ServerError> {
+    let first = queue.pop_front()?;
+    let rest = queue.len() as u64;
+    if rest > 0 {
+        queue.clear();
+        DISCARDED.fetch_add(rest, core::sync::atomic::Ordering::Relaxed);
+    }
+    Some(first)
+}
+
+/// How many queued errors [`take_first`] has discarded in this process (each report returns
+/// the first error of its stream; the ones queued behind it are dropped and counted here).
+pub fn discarded_errors() -> u64 {
+    DISCARDED.load(core::sync::atomic::Ordering::Relaxed)
+}

@@ -265,7 +265,7 @@ impl CpuServer {
             Err(e) => return Box::pin(core::future::ready(Err(e))),
         };
         let command: Command = Box::new(move || {
-            let first = errors.lock().pop_front();
+            let first = compute_core::error::take_first(&mut errors.lock());
             tx.send(first.map_or(Ok(()), Err));
             Ok(())
         });
@@ -392,11 +392,11 @@ impl ComputeServer for CpuServer {
         for (descriptor, bytes) in writes {
             descriptor.validate()?;
             if bytes.len() != descriptor.compact_size() {
-                return Err(ServerError::InvalidArgument(format!(
-                    "write of {} bytes into a tensor of {} bytes",
-                    bytes.len(),
-                    descriptor.compact_size()
-                )));
+                return Err(compute_core::error::LayoutError::DataLength {
+                    given: bytes.len() as u64,
+                    expected: descriptor.compact_size() as u64,
+                }
+                .into());
             }
             let target = self.resolve(&descriptor.binding)?;
             let binding = descriptor.binding.clone();
@@ -445,7 +445,7 @@ impl ComputeServer for CpuServer {
         };
         let bindings: Vec<Binding> = descriptors.iter().map(|d| d.binding.clone()).collect();
         let command: Command = Box::new(move || {
-            if let Some(e) = errors.lock().pop_front() {
+            if let Some(e) = compute_core::error::take_first(&mut errors.lock()) {
                 tx.send(Err(e));
                 return Ok(());
             }

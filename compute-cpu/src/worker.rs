@@ -106,7 +106,7 @@ impl Worker {
 
     /// Pop the oldest error raised so far, without waiting.
     pub(crate) fn take_error(&self) -> Option<ServerError> {
-        self.errors.lock().pop_front()
+        compute_core::error::take_first(&mut self.errors.lock())
     }
 
     /// Block until every submitted command has run.

@@ -1061,11 +1061,11 @@ impl CudaServer {
     ) -> Result<(), ServerError> {
         descriptor.validate()?;
         if bytes.len() != descriptor.compact_size() {
-            return Err(ServerError::InvalidArgument(format!(
-                "write of {} bytes into a tensor of {} bytes",
-                bytes.len(),
-                descriptor.compact_size()
-            )));
+            return Err(compute_core::error::LayoutError::DataLength {
+                given: bytes.len() as u64,
+                expected: descriptor.compact_size() as u64,
+            }
+            .into());
         }
         if bytes.is_empty() {
             return Ok(());

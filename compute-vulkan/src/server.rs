@@ -519,7 +519,7 @@ impl VulkanServer {
     }
 
     fn take_error(&self) -> Result<(), ServerError> {
-        match self.errors.lock().pop_front() {
+        match compute_core::error::take_first(&mut self.errors.lock()) {
             Some(e) => Err(e),
             None => Ok(()),
         }
@@ -974,11 +974,11 @@ impl ComputeServer for VulkanServer {
         for (descriptor, bytes) in writes {
             descriptor.validate()?;
             if bytes.len() != descriptor.compact_size() {
-                return Err(ServerError::InvalidArgument(format!(
-                    "write of {} bytes into a tensor of {} bytes",
-                    bytes.len(),
-                    descriptor.compact_size()
-                )));
+                return Err(compute_core::error::LayoutError::DataLength {
+                    given: bytes.len() as u64,
+                    expected: descriptor.compact_size() as u64,
+                }
+                .into());
             }
             let target = self.resolve(&descriptor.binding)?;
             if bytes.is_empty() {
@@ -1234,7 +1234,7 @@ impl ComputeServer for VulkanServer {
         let errors = self.errors.clone();
         Box::pin(async move {
             ctx.wait(value)?;
-            match errors.lock().pop_front() {
+            match compute_core::error::take_first(&mut errors.lock()) {
                 Some(e) => Err(e),
                 None => Ok(()),
             }
@@ -1420,7 +1420,7 @@ impl ComputeServer for VulkanServer {
             }
             .map_err(|e| ServerError::Driver(format!("vkGetQueryPoolResults failed: {e}")))?;
             drop(queries);
-            if let Some(e) = errors.lock().pop_front() {
+            if let Some(e) = compute_core::error::take_first(&mut errors.lock()) {
                 return Err(e.into());
             }
             let mask = if bits >= 64 {

@@ -448,7 +448,7 @@ impl WgpuServer {
     }
 
     fn take_error(&self) -> Result<(), ServerError> {
-        match self.errors.lock().pop_front() {
+        match compute_core::error::take_first(&mut self.errors.lock()) {
             Some(e) => Err(e),
             None => Ok(()),
         }
@@ -876,11 +876,11 @@ impl ComputeServer for WgpuServer {
         for (descriptor, bytes) in writes {
             descriptor.validate()?;
             if bytes.len() != descriptor.compact_size() {
-                return Err(ServerError::InvalidArgument(format!(
-                    "write of {} bytes into a tensor of {} bytes",
-                    bytes.len(),
-                    descriptor.compact_size()
-                )));
+                return Err(compute_core::error::LayoutError::DataLength {
+                    given: bytes.len() as u64,
+                    expected: descriptor.compact_size() as u64,
+                }
+                .into());
             }
             let target = self.resolve(&descriptor.binding)?;
             if bytes.is_empty() {
@@ -1124,7 +1124,7 @@ impl ComputeServer for WgpuServer {
             // Waited for here, on the caller's thread, not through the poll thread: one thread
             // hop less per sync. The wait blocks in the driver; it does not spin.
             wait_for(&device, index)?;
-            match errors.lock().pop_front() {
+            match compute_core::error::take_first(&mut errors.lock()) {
                 Some(e) => Err(e),
                 None => Ok(()),
             }
@@ -1300,7 +1300,7 @@ impl ComputeServer for WgpuServer {
                 stamps[1].saturating_sub(stamps[0])
             };
             staging.unmap();
-            if let Some(e) = errors.lock().pop_front() {
+            if let Some(e) = compute_core::error::take_first(&mut errors.lock()) {
                 return Err(e.into());
             }
             Ok(device_profile(ticks, period))

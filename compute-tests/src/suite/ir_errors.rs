@@ -392,9 +392,7 @@ pub fn ir_errors_shared_memory_limit_at_launch<R: Runtime>(client: ComputeClient
     assert!(
         matches!(
             err,
-            ServerError::InvalidArgument(_)
-                | ServerError::Unsupported(_)
-                | ServerError::Compilation(_)
+            ServerError::Launch(compute_core::error::LaunchError::SharedMemory { .. })
         ),
         "over-limit shared memory: {err:?}"
     );

@@ -119,7 +119,15 @@ pub fn launch_argument_errors_are_reported<R: Runtime>(client: ComputeClient<R>)
     );
     let err = client.flush().unwrap_err();
     assert!(
-        matches!(err, ServerError::InvalidArgument(_)),
+        matches!(
+            err,
+            ServerError::Launch(compute_core::error::LaunchError::ArgumentCount {
+                what: "scalars",
+                expected: 1,
+                found: 0,
+                ..
+            })
+        ),
         "missing scalar: {err:?}"
     );
     client.launch(
@@ -131,7 +139,14 @@ pub fn launch_argument_errors_are_reported<R: Runtime>(client: ComputeClient<R>)
     );
     let err = block_on(client.sync()).unwrap_err();
     assert!(
-        matches!(err, ServerError::InvalidArgument(_)),
+        matches!(
+            err,
+            ServerError::Launch(compute_core::error::LaunchError::ScalarType {
+                expected: compute_core::ElemType::F32,
+                found: compute_core::ElemType::U32,
+                ..
+            })
+        ),
         "wrong scalar type: {err:?}"
     );
     client.flush().unwrap();

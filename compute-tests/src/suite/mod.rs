@@ -1,5 +1,6 @@
 //! The conformance tests, grouped by concern. Each is `fn name<R: Runtime>(client: ComputeClient<R>)`.
 
+pub mod bad_input;
 pub mod collective;
 pub mod devices;
 pub mod graph;
@@ -26,6 +27,17 @@ macro_rules! for_each_test {
     ($callback:path, $($args:tt)*) => {
         $callback!(
             $($args)*,
+            bad_input::bad_handle_is_bounded_by_its_slice,
+            bad_input::bad_read_tensor_wrapping_strides,
+            bad_input::bad_aliasing_strides_one_rule,
+            bad_input::bad_tensor_size_overflow,
+            bad_input::bad_metadata_rank_mismatch,
+            bad_input::bad_to_client_partial_elements,
+            bad_input::bad_malformed_kernels_one_error_everywhere,
+            bad_input::bad_launch_limits_checked_in_core,
+            bad_input::bad_nested_persistent_sections_restore_the_mode,
+            bad_input::bad_failed_section_does_not_poison_the_next,
+            bad_input::bad_descriptors_property,
             transfer::create_and_read_back,
             transfer::zero_size_buffer,
             transfer::write_in_place,

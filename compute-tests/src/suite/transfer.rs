@@ -50,7 +50,14 @@ pub fn write_too_long_is_an_error<R: Runtime>(client: ComputeClient<R>) {
     client.write(&handle, f32_bytes(&[1.0, 2.0]));
     let err = client.flush().unwrap_err();
     assert!(
-        matches!(err, compute_core::ServerError::InvalidArgument(_)),
+        matches!(
+            err,
+            compute_core::ServerError::Layout(compute_core::error::LayoutError::RangeOutOfBounds {
+                start: 0,
+                len: 8,
+                size: 4
+            })
+        ),
         "{err:?}"
     );
     assert_eq!(
@@ -112,11 +119,25 @@ pub fn read_tensor_rejects_bad_strides<R: Runtime>(client: ComputeClient<R>) {
     let transposed = CopyDescriptor::new(handle.clone().binding(), [2, 3], [1, 2], 4);
     let err = block_on(client.read_one_tensor_async(transposed)).unwrap_err();
     assert!(
-        matches!(err, compute_core::ServerError::InvalidArgument(_)),
+        matches!(
+            err,
+            compute_core::ServerError::Layout(compute_core::error::LayoutError::NotRowMajor { .. })
+        ),
         "{err:?}"
     );
     let too_big = CopyDescriptor::new(handle.binding(), [4, 3], [3, 1], 4);
-    assert!(block_on(client.read_one_tensor_async(too_big)).is_err());
+    let err = block_on(client.read_one_tensor_async(too_big)).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            compute_core::ServerError::Layout(compute_core::error::LayoutError::OutOfBounds {
+                span: 48,
+                size: 24,
+                ..
+            })
+        ),
+        "{err:?}"
+    );
 }
 
 /// `create_tensors` packs every tensor into one allocation, without overlap.

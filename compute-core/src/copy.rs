@@ -199,9 +199,7 @@ fn team() -> Option<&'static Team> {
     static TEAM: OnceLock<Option<Team>> = OnceLock::new();
     TEAM.get_or_init(|| {
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-        let threads = std::env::var("COMPUTE_COPY_THREADS")
-            .ok()
-            .and_then(|v| v.trim().parse::<usize>().ok())
+        let threads = crate::env::positive::<usize>("COMPUTE_COPY_THREADS")
             .unwrap_or(cores.min(16))
             .clamp(1, 64);
         Team::start(threads - 1)

@@ -21,6 +21,7 @@ pub mod collective;
 pub mod copy;
 pub mod device;
 pub mod elem;
+pub mod env;
 pub mod error;
 mod exclusive;
 pub mod future;

@@ -36,11 +36,7 @@ impl Device for CpuDevice {
 /// Number of logical CPU devices: `COMPUTE_CPU_DEVICES` if set to a positive number, else
 /// [`DEFAULT_DEVICE_COUNT`].
 pub fn device_count() -> u32 {
-    std::env::var("COMPUTE_CPU_DEVICES")
-        .ok()
-        .and_then(|v| v.trim().parse::<u32>().ok())
-        .filter(|&n| n > 0)
-        .unwrap_or(DEFAULT_DEVICE_COUNT)
+    compute_core::env::positive::<u32>("COMPUTE_CPU_DEVICES").unwrap_or(DEFAULT_DEVICE_COUNT)
 }
 
 /// Total host memory in bytes, from `/proc/meminfo` where it exists.

@@ -41,14 +41,7 @@ impl Drop for CompiledKernel {
 /// Where compiled modules are kept: `$COMPUTE_CUDA_CACHE_DIR` (empty or `off` disables it), else
 /// `$XDG_CACHE_HOME/compute-cuda`, else `$HOME/.cache/compute-cuda`.
 pub fn cache_dir() -> Option<PathBuf> {
-    match std::env::var("COMPUTE_CUDA_CACHE_DIR") {
-        Ok(dir) if dir.is_empty() || dir == "off" => None,
-        Ok(dir) => Some(PathBuf::from(dir)),
-        Err(_) => std::env::var_os("XDG_CACHE_HOME")
-            .map(PathBuf::from)
-            .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
-            .map(|base| base.join("compute-cuda")),
-    }
+    compute_core::env::cache_dir("COMPUTE_CUDA_CACHE_DIR", "compute-cuda")
 }
 
 /// What a compile depends on besides the kernel.

@@ -94,7 +94,7 @@ impl StagingPlan {
     fn get() -> Self {
         static PLAN: std::sync::OnceLock<StagingPlan> = std::sync::OnceLock::new();
         *PLAN.get_or_init(|| {
-            let Ok(text) = std::env::var("COMPUTE_CUDA_STAGING") else {
+            let Some(text) = compute_core::env::text("COMPUTE_CUDA_STAGING") else {
                 return Self::DEFAULT;
             };
             Self::parse(&text).unwrap_or_else(|| {
@@ -424,7 +424,7 @@ fn copy_parallel_then(
 /// measurements).
 fn hand_over_issues() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("COMPUTE_CUDA_HAND_OVER").map_or(true, |v| v.trim() != "0"))
+    *ON.get_or_init(|| compute_core::env::flag("COMPUTE_CUDA_HAND_OVER", true))
 }
 
 /// What a copy team thread does once a staged piece is copied: start its DMA and, when the piece

@@ -408,7 +408,7 @@ impl Submitter {
                 worker,
             )?,
             spare,
-            inline: std::env::var("COMPUTE_VULKAN_INLINE_SUBMIT").map_or(true, |v| v != "0"),
+            inline: compute_core::env::flag("COMPUTE_VULKAN_INLINE_SUBMIT", true),
         })
     }
 

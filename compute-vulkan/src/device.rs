@@ -68,7 +68,7 @@ pub fn validation_message_count() -> u64 {
 
 /// Whether this process runs with the Khronos validation layer.
 pub fn validation_enabled() -> bool {
-    std::env::var(VALIDATION_ENV).is_ok_and(|v| !v.is_empty() && v != "0")
+    compute_core::env::flag(VALIDATION_ENV, false)
 }
 
 unsafe extern "system" fn on_validation_message(
@@ -221,11 +221,7 @@ pub fn device_count() -> u32 {
     if physical == 0 {
         return 0;
     }
-    std::env::var(DEVICES_ENV)
-        .ok()
-        .and_then(|v| v.trim().parse::<u32>().ok())
-        .filter(|&n| n > 0)
-        .unwrap_or(physical)
+    compute_core::env::positive::<u32>(DEVICES_ENV).unwrap_or(physical)
 }
 
 /// The physical device behind `device`.

@@ -179,21 +179,7 @@ pub(crate) struct PipelineCache {
 const SAVE_INTERVAL: std::time::Duration = std::time::Duration::from_secs(2);
 
 fn cache_dir() -> Option<PathBuf> {
-    if let Ok(dir) = std::env::var(CACHE_DIR_ENV) {
-        if dir == "off" || dir.is_empty() {
-            return None;
-        }
-        return Some(PathBuf::from(dir));
-    }
-    if let Ok(xdg) = std::env::var("XDG_CACHE_HOME")
-        && !xdg.is_empty()
-    {
-        return Some(PathBuf::from(xdg).join("compute-vulkan"));
-    }
-    std::env::var("HOME")
-        .ok()
-        .filter(|h| !h.is_empty())
-        .map(|h| PathBuf::from(h).join(".cache").join("compute-vulkan"))
+    compute_core::env::cache_dir(CACHE_DIR_ENV, "compute-vulkan")
 }
 
 /// Whether `data` starts with a pipeline cache header of this device (a foreign or corrupt file

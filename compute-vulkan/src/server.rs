@@ -283,11 +283,8 @@ fn device_type_name(t: vk::PhysicalDeviceType) -> &'static str {
 }
 
 fn max_batch(ctx: &Context) -> usize {
-    if let Some(n) = std::env::var("COMPUTE_VULKAN_MAX_BATCH")
-        .ok()
-        .and_then(|v| v.parse::<usize>().ok())
-    {
-        return n.max(1);
+    if let Some(n) = compute_core::env::positive::<usize>("COMPUTE_VULKAN_MAX_BATCH") {
+        return n;
     }
     if ctx.properties.device_type == vk::PhysicalDeviceType::CPU {
         MAX_BATCH_CPU
@@ -401,7 +398,7 @@ impl VulkanServer {
             cache,
             max_batch,
             batch_limit: max_batch,
-            batch_grows: std::env::var_os("COMPUTE_VULKAN_MAX_BATCH").is_none(),
+            batch_grows: compute_core::env::positive::<usize>("COMPUTE_VULKAN_MAX_BATCH").is_none(),
             graphs: HashMap::new(),
             profiles: ProfileTable::default(),
             errors,

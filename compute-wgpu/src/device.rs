@@ -104,10 +104,7 @@ pub fn device_count() -> u32 {
     if adapters == 0 {
         return 0;
     }
-    std::env::var("COMPUTE_WGPU_DEVICES")
-        .ok()
-        .and_then(|v| v.trim().parse::<u32>().ok())
-        .filter(|&n| n > 0)
+    compute_core::env::positive::<u32>("COMPUTE_WGPU_DEVICES")
         .unwrap_or(adapters.max(MIN_LOGICAL_DEVICES))
 }
 

@@ -67,10 +67,7 @@ struct BatchLimit {
 
 impl BatchLimit {
     fn new(adapter: &wgpu::AdapterInfo) -> Self {
-        let fixed = std::env::var("COMPUTE_WGPU_MAX_BATCH")
-            .ok()
-            .and_then(|v| v.parse::<usize>().ok())
-            .map(|n| n.max(1));
+        let fixed = compute_core::env::positive::<usize>("COMPUTE_WGPU_MAX_BATCH");
         let (first, max) = match fixed {
             Some(n) => (n, n),
             None if adapter.device_type == wgpu::DeviceType::Cpu => {

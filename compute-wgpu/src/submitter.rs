@@ -125,7 +125,7 @@ impl Submitter {
         Ok(Self {
             thread: SubmitThread::spawn(name, MAX_QUEUED_JOBS, worker)?,
             spare,
-            inline: std::env::var("COMPUTE_WGPU_INLINE_SUBMIT").is_ok_and(|v| v == "1"),
+            inline: compute_core::env::flag("COMPUTE_WGPU_INLINE_SUBMIT", false),
         })
     }
 

@@ -1,0 +1,231 @@
+//! Every `COMPUTE_*` environment setting of the runtime, in one table, read by one parser.
+//!
+//! Backends read settings through [`flag`], [`number`] and [`text`], never with `std::env`
+//! directly, so that each setting is documented once ([`SETTINGS`], listed in the README) and a
+//! value that does not parse is reported (once, on stderr, naming the setting and what it
+//! accepts) instead of being ignored in silence. The library never sets environment variables.
+
+use std::collections::HashSet;
+use std::path::PathBuf;
+use std::sync::Mutex;
+
+/// One environment setting.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Setting {
+    /// The variable's name.
+    pub name: &'static str,
+    /// What it changes.
+    pub meaning: &'static str,
+    /// What happens when it is not set.
+    pub default: &'static str,
+    /// The values it accepts.
+    pub accepted: &'static str,
+}
+
+const fn setting(
+    name: &'static str,
+    meaning: &'static str,
+    default: &'static str,
+    accepted: &'static str,
+) -> Setting {
+    Setting {
+        name,
+        meaning,
+        default,
+        accepted,
+    }
+}
+
+/// Every setting the runtime, its tests and its tools read.
+pub const SETTINGS: &[Setting] = &[
+    setting(
+        "COMPUTE_COPY_THREADS",
+        "threads of the host copy team (large host copies, CUDA staging)",
+        "the number of cores, at most 16",
+        "a number from 1 to 64",
+    ),
+    setting(
+        "COMPUTE_CPU_DEVICES",
+        "number of logical CPU devices",
+        "2",
+        "a positive number",
+    ),
+    setting(
+        "COMPUTE_WGPU_DEVICES",
+        "number of logical wgpu devices (spread over the adapters)",
+        "the number of adapters, at least 2",
+        "a positive number",
+    ),
+    setting(
+        "COMPUTE_WGPU_MAX_BATCH",
+        "dispatches per wgpu command buffer (fixed instead of adaptive)",
+        "adaptive (grows from a small first batch)",
+        "a positive number",
+    ),
+    setting(
+        "COMPUTE_WGPU_INLINE_SUBMIT",
+        "submit waited-for wgpu batches on the caller's thread",
+        "off",
+        "0 or 1",
+    ),
+    setting(
+        "COMPUTE_VULKAN_DEVICES",
+        "number of logical Vulkan devices (round robin over the physical ones)",
+        "one per physical device",
+        "a positive number",
+    ),
+    setting(
+        "COMPUTE_VULKAN_MAX_BATCH",
+        "dispatches per Vulkan command buffer (fixed instead of adaptive)",
+        "adaptive",
+        "a positive number",
+    ),
+    setting(
+        "COMPUTE_VULKAN_INLINE_SUBMIT",
+        "submit waited-for Vulkan batches on the caller's thread",
+        "on",
+        "0 or 1",
+    ),
+    setting(
+        "COMPUTE_VULKAN_VALIDATION",
+        "run under the Khronos validation layer; any message fails the call",
+        "off",
+        "0 or 1",
+    ),
+    setting(
+        "COMPUTE_VULKAN_CACHE_DIR",
+        "directory of the Vulkan pipeline cache",
+        "$XDG_CACHE_HOME/compute-vulkan, else ~/.cache/compute-vulkan",
+        "a directory path; off or empty turns the cache off",
+    ),
+    setting(
+        "COMPUTE_CUDA_CACHE_DIR",
+        "directory of the CUDA kernel (NVRTC) cache",
+        "$XDG_CACHE_HOME/compute-cuda, else ~/.cache/compute-cuda",
+        "a directory path; off or empty turns the cache off",
+    ),
+    setting(
+        "COMPUTE_CUDA_STAGING",
+        "the staging plan of CUDA pageable writes (for tuning)",
+        "the built-in plan",
+        "divisor,min_kib,max_kib,ring[,direct_kib[,streaming_kib[,demote_kib[,part_kib[,fill_kib]]]]]",
+    ),
+    setting(
+        "COMPUTE_CUDA_HAND_OVER",
+        "the copy team starts the DMA of staged CUDA writes (off for A/B runs)",
+        "on",
+        "0 or 1",
+    ),
+    setting(
+        "COMPUTE_REQUIRE_BACKENDS",
+        "cargo xtask: backends whose absence fails the run (CI sets it)",
+        "none",
+        "a comma-separated list of cpu, wgpu, vulkan, cuda",
+    ),
+    setting(
+        "COMPUTE_BACKENDS",
+        "cargo xtask: the backends to test or bench",
+        "every backend that can run here",
+        "a comma-separated list of cpu, wgpu, vulkan, cuda",
+    ),
+];
+
+/// The table entry of `name`.
+///
+/// # Panics
+/// Panics when `name` is not in [`SETTINGS`]: every setting must be documented there.
+pub fn setting_of(name: &str) -> &'static Setting {
+    SETTINGS
+        .iter()
+        .find(|s| s.name == name)
+        .unwrap_or_else(|| panic!("{name} is not in compute_core::env::SETTINGS"))
+}
+
+/// Report a value that does not parse, once per setting.
+fn reject(name: &str, value: &str) {
+    static REPORTED: Mutex<Option<HashSet<String>>> = Mutex::new(None);
+    let mut reported = REPORTED.lock().unwrap_or_else(|p| p.into_inner());
+    if reported
+        .get_or_insert_with(HashSet::new)
+        .insert(name.to_owned())
+    {
+        let s = setting_of(name);
+        eprintln!(
+            "compute: ignoring {name}={value:?}: it accepts {}; using the default ({})",
+            s.accepted, s.default
+        );
+    }
+}
+
+/// The raw value of a documented setting, `None` when unset or empty.
+pub fn text(name: &str) -> Option<String> {
+    setting_of(name);
+    std::env::var(name).ok().filter(|v| !v.trim().is_empty())
+}
+
+/// A setting parsed by `parse`; a value it refuses is reported once and treated as unset.
+pub fn parsed<T>(name: &str, parse: impl FnOnce(&str) -> Option<T>) -> Option<T> {
+    let value = text(name)?;
+    let parsed = parse(value.trim());
+    if parsed.is_none() {
+        reject(name, &value);
+    }
+    parsed
+}
+
+/// An on/off setting (`0`/`1`, `false`/`true`, `off`/`on`); `default` when unset or invalid.
+pub fn flag(name: &str, default: bool) -> bool {
+    parsed(name, |v| match v.to_ascii_lowercase().as_str() {
+        "1" | "true" | "on" | "yes" => Some(true),
+        "0" | "false" | "off" | "no" => Some(false),
+        _ => None,
+    })
+    .unwrap_or(default)
+}
+
+/// A positive number; `None` when unset, and when invalid or zero (reported once).
+pub fn positive<T: core::str::FromStr + PartialOrd + Default>(name: &str) -> Option<T> {
+    parsed(name, |v| v.parse::<T>().ok().filter(|n| *n > T::default()))
+}
+
+/// The cache directory of a backend: the setting `name` when set (`off` or an empty value
+/// turns the cache off: `None`), else `$XDG_CACHE_HOME/<dir>`, else `~/.cache/<dir>`; `None`
+/// when none of them is known.
+pub fn cache_dir(name: &str, dir: &str) -> Option<PathBuf> {
+    setting_of(name);
+    match std::env::var(name) {
+        Ok(v) if v.trim().is_empty() || v.trim() == "off" => return None,
+        Ok(v) => return Some(PathBuf::from(v)),
+        Err(_) => {}
+    }
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| {
+            std::env::var_os("HOME")
+                .filter(|v| !v.is_empty())
+                .map(|h| PathBuf::from(h).join(".cache"))
+        })?;
+    Some(base.join(dir))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_setting_is_documented_once() {
+        let mut names = HashSet::new();
+        for s in SETTINGS {
+            assert!(s.name.starts_with("COMPUTE_"), "{}", s.name);
+            assert!(names.insert(s.name), "{} is listed twice", s.name);
+            assert!(!s.meaning.is_empty() && !s.default.is_empty() && !s.accepted.is_empty());
+        }
+    }
+
+    #[test]
+    #[should_panic(expected = "not in compute_core::env::SETTINGS")]
+    fn an_undocumented_setting_is_a_bug() {
+        let _ = text("COMPUTE_NOT_A_SETTING");
+    }
+}

@@ -32,8 +32,13 @@ type Resource<R> = <<<R as Runtime>::Server as ComputeServer>::Storage as Comput
 type Info<R> = <<R as Runtime>::Server as ComputeServer>::Info;
 
 /// State shared by every client of one device.
+///
+/// The server sits behind a lock that parks waiting threads (`std::sync::Mutex`: a brief spin,
+/// then a futex wait), not a spin lock: some server calls are long (an NVRTC compile, a pipeline
+/// creation, a cache write), and threads spinning through them starved the holder on machines
+/// with fewer cores than threads (the `server lock contention` bench row).
 struct ClientShared<R: Runtime> {
-    server: spin::Mutex<R::Server>,
+    server: std::sync::Mutex<R::Server>,
     owner: HandleOwner,
     info: Info<R>,
     properties: Arc<DeviceProperties>,
@@ -78,7 +83,7 @@ impl<R: Runtime> ClientShared<R> {
         let info = server.info();
         let properties = Arc::new(server.properties());
         Self {
-            server: spin::Mutex::new(server),
+            server: std::sync::Mutex::new(server),
             owner,
             info,
             properties,
@@ -158,7 +163,13 @@ impl<R: Runtime> ComputeClient<R> {
     pub(crate) fn with_server<T>(&self, f: impl FnOnce(&mut R::Server) -> T) -> T {
         loop {
             self.shared.gate.wait_until_open();
-            let mut server = self.shared.server.lock();
+            // A panic inside a server call leaves the server as the call left it; later calls
+            // still reach it (and report its errors) rather than panicking on the poison.
+            let mut server = self
+                .shared
+                .server
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
             if self.shared.gate.held_by_other() {
                 drop(server);
                 continue;
@@ -582,7 +593,12 @@ impl<R: Runtime> ComputeClient<R> {
         self.shared.gate.enter();
         let _exit = Exit(&self.shared.gate);
         // Every call already holding the server lock finishes before the task starts.
-        drop(self.shared.server.lock());
+        drop(
+            self.shared
+                .server
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner()),
+        );
         let out = task();
         self.flush()?;
         Ok(out)

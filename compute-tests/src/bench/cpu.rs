@@ -30,6 +30,10 @@ pub fn run(filter: &str) -> Vec<Row> {
         progress("cpu launch latency");
         rows.extend(launch(&client));
     }
+    if wanted("contention") {
+        progress("cpu server lock under 16 threads");
+        rows.push(contended_launches(&client));
+    }
     rows.extend(super::cpu_kernels::run(&client, filter));
     rows
 }
@@ -168,4 +172,56 @@ fn launch(client: &ComputeClient<CpuRuntime>) -> Vec<Row> {
             Better::Lower,
         ),
     ]
+}
+
+/// The server lock under contention: 16 threads launching through one shared client (each on its
+/// own stream), against the same number of launches issued from one thread. A lock that spins
+/// while its holder is descheduled makes the 16-thread figure collapse on a machine with fewer
+/// cores than threads; a lock that parks keeps it near the one-thread rate.
+fn contended_launches(client: &ComputeClient<CpuRuntime>) -> Row {
+    const THREADS: usize = 16;
+    const PER_THREAD: usize = 2_000;
+    let mut k = KernelBuilder::new("empty_contended", [1, 1, 1]);
+    let _ = k.output("out", compute_core::ElemType::F32, 1);
+    let kernel: CpuKernel = k.build().expect("empty kernel").into();
+    let buffer = client.empty(4);
+    let args = KernelArguments::new().buffer(buffer.binding());
+    let launch_once = |c: &ComputeClient<CpuRuntime>| {
+        c.launch(kernel.clone(), CubeCount::Static(1, 1, 1), args.clone())
+    };
+    launch_once(client);
+    block_on(client.sync()).expect("sync");
+    let mut one = f64::INFINITY;
+    let mut many = f64::INFINITY;
+    for _ in 0..3 {
+        let start = std::time::Instant::now();
+        for _ in 0..THREADS * PER_THREAD {
+            launch_once(client);
+        }
+        block_on(client.sync()).expect("sync");
+        one = one.min(start.elapsed().as_secs_f64());
+        let start = std::time::Instant::now();
+        std::thread::scope(|scope| {
+            for _ in 0..THREADS {
+                scope.spawn(|| {
+                    let c = client.clone();
+                    for _ in 0..PER_THREAD {
+                        launch_once(&c);
+                    }
+                    block_on(c.sync()).expect("sync");
+                });
+            }
+        });
+        many = many.min(start.elapsed().as_secs_f64());
+    }
+    let per_s = |secs: f64| (THREADS * PER_THREAD) as f64 / secs;
+    Row::new(
+        BACKEND,
+        "16 threads x 2000 launches on one client (server lock contention)",
+        per_s(many),
+        "launches/s",
+        "the same 32000 launches from one thread",
+        per_s(one),
+        Better::Higher,
+    )
 }

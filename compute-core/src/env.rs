@@ -117,6 +117,12 @@ pub const SETTINGS: &[Setting] = &[
         "0 or 1",
     ),
     setting(
+        "COMPUTE_SKIP_LOG",
+        "file where tests append the ones that could only run a reduced form (cargo xtask test-all sets it and reports them as skipped)",
+        "unset: reduced runs are only noted on stderr",
+        "a file path",
+    ),
+    setting(
         "COMPUTE_REQUIRE_BACKENDS",
         "cargo xtask: backends whose absence fails the run (CI sets it)",
         "none",
@@ -207,6 +213,29 @@ pub fn cache_dir(name: &str, dir: &str) -> Option<PathBuf> {
                 .map(|h| PathBuf::from(h).join(".cache"))
         })?;
     Some(base.join(dir))
+}
+
+/// Record that the running test could not run its real form (too few devices, no driver), and
+/// why: a line `TEST<TAB>REASON` is appended to the file `COMPUTE_SKIP_LOG` names, which
+/// `cargo xtask test-all` reads to count the test as skipped instead of passed. `TEST` is the
+/// libtest name, taken from the test thread's name. Always noted on stderr too.
+pub fn report_reduced(reason: &str) {
+    use std::io::Write;
+    let thread = std::thread::current();
+    let test = thread.name().unwrap_or("<unnamed test>");
+    eprintln!("{test}: reduced run, reported as skipped: {reason}");
+    let Some(path) = text("COMPUTE_SKIP_LOG") else {
+        return;
+    };
+    let line = format!("{test}\t{}\n", reason.replace(['\t', '\n'], " "));
+    let written = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&path)
+        .and_then(|mut f| f.write_all(line.as_bytes()));
+    if let Err(e) = written {
+        eprintln!("compute: cannot append to COMPUTE_SKIP_LOG={path}: {e}");
+    }
 }
 
 #[cfg(test)]

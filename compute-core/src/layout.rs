@@ -173,12 +173,20 @@ pub fn contiguous_strides(shape: &[usize]) -> Strides {
     Strides(strides)
 }
 
-/// Row-major strides whose rows (the last dimension) are padded to `row_alignment` bytes.
+/// Row-major strides whose rows (the last dimension) are padded to `row_alignment` bytes, or to
+/// the next power of two of the row's own size when that is smaller: the padding scales with the
+/// row, so an `[N, 1]` tensor is not `N` times the alignment.
 ///
 /// Tensors of rank < 2, or whose element size does not divide the alignment, stay contiguous.
 pub fn pitched_strides(shape: &[usize], elem_size: usize, row_alignment: usize) -> Strides {
     let rank = shape.len();
-    if rank < 2 || elem_size == 0 || !row_alignment.is_multiple_of(elem_size) {
+    if rank < 2 || elem_size == 0 {
+        return contiguous_strides(shape);
+    }
+    let row_bytes = shape[rank - 1].saturating_mul(elem_size);
+    let row_alignment =
+        row_alignment.min(row_bytes.checked_next_power_of_two().unwrap_or(usize::MAX));
+    if row_alignment == 0 || !row_alignment.is_multiple_of(elem_size) {
         return contiguous_strides(shape);
     }
     let align_elems = row_alignment / elem_size;
@@ -370,6 +378,10 @@ mod tests {
         assert_eq!(pitched_strides(&[3, 5], 4, 32).0, vec![8, 1]);
         assert_eq!(pitched_strides(&[2, 3, 5], 4, 32).0, vec![24, 8, 1]);
         assert_eq!(pitched_strides(&[7], 4, 32).0, vec![1]);
+        // The pitch scales with the row: no 32x blow-up for a column.
+        assert_eq!(pitched_strides(&[1024, 1], 4, 128).0, vec![1, 1]);
+        assert_eq!(pitched_strides(&[8, 100], 4, 128).0, vec![128, 1]);
+        assert_eq!(pitched_strides(&[8, 3], 4, 128).0, vec![4, 1]);
         assert_eq!(allocation_size(&[3, 5], &[8, 1], 4), Some(96));
         assert_eq!(allocation_size(&[0, 5], &[8, 1], 4), Some(0));
         assert_eq!(allocation_size(&[], &[], 4), Some(4));

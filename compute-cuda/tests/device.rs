@@ -1,5 +1,6 @@
 //! Tests that need a GPU: a one-rank NCCL all-reduce, and the generated code checked against the
-//! CPU backend (the reference executor of the IR). Without a driver they print why and return.
+//! CPU backend (the reference executor of the IR). Without a driver they report a skip
+//! (`compute_core::env::report_reduced`) and return.
 
 use compute_core::kernel::{BinaryOp, CmpOp, KernelBuilder, KernelDefinition, UnaryOp};
 use compute_core::{
@@ -12,7 +13,7 @@ fn cuda() -> Option<ComputeClient<CudaRuntime>> {
     match CudaRuntime::availability() {
         Ok(()) => Some(ComputeClient::load(&CudaDevice::default())),
         Err(reason) => {
-            eprintln!("skipped: CUDA unavailable ({reason})");
+            compute_core::env::report_reduced(&format!("CUDA unavailable ({reason})"));
             None
         }
     }

@@ -1,6 +1,6 @@
 //! Vulkan-specific checks beyond the conformance suite: limits named in errors, the device's
-//! configuration, device-time profiles. Each test returns early (with a note) where Vulkan is
-//! unavailable; `cargo xtask test-all` reports the backend as skipped there.
+//! configuration, device-time profiles. Where Vulkan is unavailable each test reports a skip
+//! (`compute_core::env::report_reduced`) and returns; `cargo xtask test-all` counts it as skipped.
 
 use compute_core::kernel::KernelBuilder;
 use compute_core::{
@@ -12,7 +12,7 @@ fn client() -> Option<ComputeClient<VulkanRuntime>> {
     match VulkanRuntime::availability() {
         Ok(()) => Some(ComputeClient::load(&VulkanDevice::default())),
         Err(reason) => {
-            eprintln!("vulkan unavailable, test not run: {reason}");
+            compute_core::env::report_reduced(&format!("Vulkan unavailable ({reason})"));
             None
         }
     }

@@ -53,6 +53,7 @@ fn failure_detail(stderr: &str, status: &str) -> String {
 #[derive(Debug, Clone)]
 pub struct Cargo {
     args: Vec<String>,
+    envs: Vec<(String, OsString)>,
 }
 
 impl Cargo {
@@ -64,7 +65,14 @@ impl Cargo {
     {
         Self {
             args: args.into_iter().map(Into::into).collect(),
+            envs: Vec::new(),
         }
+    }
+
+    /// The same command with the environment variable `key` set to `value`.
+    pub fn env(mut self, key: &str, value: impl Into<OsString>) -> Self {
+        self.envs.push((key.to_owned(), value.into()));
+        self
     }
 
     /// The command line, for messages.
@@ -120,6 +128,7 @@ impl Cargo {
         command
             .args(&self.args)
             .current_dir(workspace_root())
+            .envs(self.envs.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null());
         // Our pipes hide the terminal from the child; keep cargo's colours
         // when the user is looking at one.

@@ -105,6 +105,19 @@ pub fn parse_test_line(line: &str) -> Option<TestOutcome> {
     }
 }
 
+/// The names of the tests a run's output shows as passed (`test NAME ... ok`).
+pub fn passed_names(output: &str) -> Vec<String> {
+    output
+        .lines()
+        .filter_map(|line| {
+            let line = strip_ansi(line);
+            let rest = line.trim_end().strip_prefix("test ")?;
+            let (name, result) = rest.rsplit_once(" ... ")?;
+            (result.trim() == "ok").then(|| name.trim().to_owned())
+        })
+        .collect()
+}
+
 /// Everything learnt from the output of one `cargo test` run, which may
 /// hold the output of several test binaries.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

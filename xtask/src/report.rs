@@ -66,6 +66,8 @@ pub struct TestAllReport {
     pub unit: UnitReport,
     /// One entry per built backend, in order.
     pub backends: Vec<BackendReport>,
+    /// Tests that passed a reduced form only (`name: reason`); their counts are in `skipped`.
+    pub reduced: Vec<String>,
     /// Every failure message, also printed on stderr.
     pub failures: Vec<String>,
     /// `true` when `failures` is empty (the exit code is 0).
@@ -153,6 +155,7 @@ mod tests {
                     reason: Some("no adapter".into()),
                 },
             ],
+            reduced: Vec::new(),
             failures: vec![],
             ok: true,
         };
@@ -165,6 +168,7 @@ mod tests {
                     {"backend": "cpu", "passed": 3, "failed": 0, "skipped": 0, "reason": null},
                     {"backend": "wgpu", "passed": 0, "failed": 0, "skipped": 3, "reason": "no adapter"}
                 ],
+                "reduced": [],
                 "failures": [],
                 "ok": true
             })
@@ -182,6 +186,7 @@ mod tests {
                 skipped: 0,
             },
             backends: vec![],
+            reduced: Vec::new(),
             failures: vec!["x".into()],
             ok: false,
         };

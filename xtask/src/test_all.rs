@@ -3,10 +3,10 @@
 
 use crate::backends::{self, Availability, KNOWN, Selection};
 use crate::cargo::{Cargo, feature_args};
-use crate::libtest::{Counts, count_listed_tests, parse_run};
+use crate::libtest::{Counts, count_listed_tests, parse_run, passed_names};
 use crate::paths::target_dir;
 use crate::report::{self, BackendReport, TestAllReport, UnitReport};
-use crate::verdict::{Verdict, judge};
+use crate::verdict::{Verdict, apply_reduced, judge};
 
 /// Env var naming backends that must run (comma-separated).
 pub const REQUIRE_ENV: &str = "COMPUTE_REQUIRE_BACKENDS";
@@ -26,7 +26,8 @@ pub fn run() -> i32 {
     let enabled = selection.enabled.clone();
     let mut failures = Vec::new();
 
-    let unit = unit_tests(&enabled, &mut failures);
+    let mut reduced = Vec::new();
+    let unit = unit_tests(&enabled, &mut failures, &mut reduced);
 
     let probe = backends::probe(&enabled);
     failures.extend(probe.error.clone());
@@ -40,7 +41,9 @@ pub fn run() -> i32 {
     let mut reports = Vec::new();
     for (name, availability) in &probe.backends {
         let report = match availability {
-            Availability::Available if built => run_suite(name, &enabled, &mut failures),
+            Availability::Available if built => {
+                run_suite(name, &enabled, &mut failures, &mut reduced)
+            }
             Availability::Available => BackendReport {
                 backend: name.clone(),
                 passed: 0,
@@ -63,9 +66,26 @@ pub fn run() -> i32 {
     let required_failures = check_required(&required, &selection, &reports);
 
     println!();
-    println!("{}", unit.line());
+    let reduced_in = |prefix: &str| reduced.iter().filter(|r| r.starts_with(prefix)).count();
+    let with_reduced = |line: String, n: usize| {
+        if n == 0 {
+            line
+        } else {
+            format!("{line} ({n} reduced runs counted as skipped)")
+        }
+    };
+    let unit_reduced = reduced.len()
+        - reports
+            .iter()
+            .map(|r| reduced_in(&format!("{}::", r.backend)))
+            .sum::<usize>();
+    println!("{}", with_reduced(unit.line(), unit_reduced));
     for report in &reports {
-        println!("{}", report.line());
+        let n = reduced_in(&format!("{}::", report.backend));
+        println!("{}", with_reduced(report.line(), n));
+    }
+    for r in &reduced {
+        println!("  skipped (reduced run): {r}");
     }
     for message in &required_failures {
         println!("{message}");
@@ -75,6 +95,7 @@ pub fn run() -> i32 {
     let report = TestAllReport {
         unit,
         backends: reports,
+        reduced,
         ok: failures.is_empty(),
         failures,
     };
@@ -99,27 +120,48 @@ pub fn run() -> i32 {
 }
 
 /// Run a `cargo test` command with tee'd output and judge it.
+///
+/// Tests that could only run a reduced form say so through `COMPUTE_SKIP_LOG` (a fresh file per
+/// run under the target directory); they are counted as skipped, with their reasons.
 fn run_tests(cargo: &Cargo, what: &str) -> Verdict {
+    let log_dir = target_dir().join("skips");
+    let log = log_dir.join(format!(
+        "{}.log",
+        what.replace(|c: char| !c.is_ascii_alphanumeric(), "_")
+    ));
+    let _ = std::fs::create_dir_all(&log_dir);
+    let _ = std::fs::remove_file(&log);
+    let cargo = cargo.clone().env("COMPUTE_SKIP_LOG", log.as_os_str());
     match cargo.tee() {
-        Ok(captured) => judge(
-            what,
-            &parse_run(&captured.stdout),
-            captured.status.success(),
-            &captured.failure_detail(),
-        ),
+        Ok(captured) => {
+            let mut verdict = judge(
+                what,
+                &parse_run(&captured.stdout),
+                captured.status.success(),
+                &captured.failure_detail(),
+            );
+            let reduced = std::fs::read_to_string(&log).unwrap_or_default();
+            apply_reduced(&mut verdict, &passed_names(&captured.stdout), &reduced);
+            verdict
+        }
         Err(e) => Verdict {
             counts: Counts {
                 failed: 1,
                 ..Counts::default()
             },
             failures: vec![format!("{what}: could not run `{}`: {e}", cargo.display())],
+            reduced: Vec::new(),
         },
     }
 }
 
 /// The workspace's tests outside the conformance suite: every other
 /// crate, plus the lib and doc tests of `compute-tests`.
-fn unit_tests(enabled: &[String], failures: &mut Vec<String>) -> UnitReport {
+fn unit_tests(
+    enabled: &[String],
+    failures: &mut Vec<String>,
+    reduced: &mut Vec<String>,
+) -> UnitReport {
     let mut commands = vec![(
         "workspace unit tests".to_string(),
         Cargo::new([
@@ -142,6 +184,7 @@ fn unit_tests(enabled: &[String], failures: &mut Vec<String>) -> UnitReport {
         let verdict = run_tests(&cargo, &what);
         total += verdict.counts;
         failures.extend(verdict.failures);
+        reduced.extend(verdict.reduced);
     }
     total.into()
 }
@@ -184,7 +227,12 @@ fn suite_args(name: &str, enabled: &[String]) -> Vec<String> {
 }
 
 /// Run one backend's conformance tests.
-fn run_suite(name: &str, enabled: &[String], failures: &mut Vec<String>) -> BackendReport {
+fn run_suite(
+    name: &str,
+    enabled: &[String],
+    failures: &mut Vec<String>,
+    reduced: &mut Vec<String>,
+) -> BackendReport {
     eprintln!("xtask: running the conformance suite for {name} ...");
     let cargo = Cargo::new(suite_args(name, enabled));
     let verdict = run_tests(&cargo, &format!("backend {name}"));
@@ -192,6 +240,7 @@ fn run_suite(name: &str, enabled: &[String], failures: &mut Vec<String>) -> Back
         eprintln!("xtask: warning: no conformance test matched `{name}::`");
     }
     failures.extend(verdict.failures);
+    reduced.extend(verdict.reduced);
     BackendReport {
         backend: name.to_string(),
         passed: verdict.counts.passed,

@@ -11,6 +11,9 @@ pub struct Verdict {
     pub counts: Counts,
     /// Why the run failed; empty when it passed.
     pub failures: Vec<String>,
+    /// Tests that passed but could only run a reduced form (`name: reason`): counted as
+    /// skipped, not passed.
+    pub reduced: Vec<String>,
 }
 
 /// Judge one run. `what` names it in messages, `success` is whether cargo
@@ -27,7 +30,11 @@ pub fn judge(what: &str, parsed: &ParsedRun, success: bool, detail: &str) -> Ver
                 counts.failed
             ));
         }
-        return Verdict { counts, failures };
+        return Verdict {
+            counts,
+            failures,
+            reduced: Vec::new(),
+        };
     }
     if !parsed.trailing.is_empty() {
         counts += parsed.trailing;
@@ -51,7 +58,31 @@ pub fn judge(what: &str, parsed: &ParsedRun, success: bool, detail: &str) -> Ver
     if counts.failed > 0 && failures.is_empty() {
         failures.push(format!("{what}: {} test(s) failed", counts.failed));
     }
-    Verdict { counts, failures }
+    Verdict {
+        counts,
+        failures,
+        reduced: Vec::new(),
+    }
+}
+
+/// Move the tests a run reported as reduced (`reduced_log`: lines `NAME<TAB>REASON`, written
+/// through `compute_core::env::report_reduced`) from passed to skipped. Only tests that passed
+/// move: a reduced test that failed stays a failure.
+pub fn apply_reduced(verdict: &mut Verdict, passed: &[String], reduced_log: &str) {
+    let mut seen = std::collections::BTreeMap::new();
+    for line in reduced_log.lines() {
+        if let Some((name, reason)) = line.split_once('\t') {
+            seen.entry(name.to_owned())
+                .or_insert_with(|| reason.to_owned());
+        }
+    }
+    for (name, reason) in seen {
+        if passed.iter().any(|p| p == &name) && verdict.counts.passed > 0 {
+            verdict.counts.passed -= 1;
+            verdict.counts.skipped += 1;
+            verdict.reduced.push(format!("{name}: {reason}"));
+        }
+    }
 }
 
 #[cfg(test)]
@@ -126,5 +157,21 @@ mod tests {
         let v = judge("unit", &parse_run(&out), true, "exit status: 0");
         assert_eq!(v.counts.passed, 3);
         assert!(v.failures.is_empty());
+    }
+
+    #[test]
+    fn reduced_runs_move_from_passed_to_skipped() {
+        let output = "test cpu::a ... ok\ntest cpu::b ... ok\ntest cpu::c ... FAILED\n\
+                      test result: FAILED. 2 passed; 1 failed; 0 ignored; 0 measured; 0 filtered out\n";
+        let mut verdict = judge("backend cpu", &parse_run(output), false, "exit status: 101");
+        let log = "cpu::b\tneeds 3 devices\ncpu::b\tneeds 3 devices\ncpu::c\tno driver\n";
+        apply_reduced(&mut verdict, &crate::libtest::passed_names(output), log);
+        assert_eq!(verdict.counts.passed, 1);
+        assert_eq!(verdict.counts.skipped, 1, "a reduced test counts once");
+        assert_eq!(
+            verdict.counts.failed, 1,
+            "a reduced test that failed stays failed"
+        );
+        assert_eq!(verdict.reduced, vec!["cpu::b: needs 3 devices".to_string()]);
     }
 }

@@ -169,7 +169,8 @@ impl KernelDefinition {
             return Err(e);
         }
         let rebuilt = k.build()?;
-        if rebuilt.id() == self.id() {
+        // Hashed afresh (not `id()`, which a definition may carry from before an edit).
+        if super::hash::stable_hash(&rebuilt) == super::hash::stable_hash(self) {
             return Ok(());
         }
         Err(self.difference(&rebuilt))

@@ -4,6 +4,7 @@ pub mod bad_input;
 pub mod collective;
 pub mod devices;
 pub mod graph;
+pub mod honest;
 pub mod ir_arith;
 pub mod ir_builtins;
 pub mod ir_control;
@@ -38,6 +39,9 @@ macro_rules! for_each_test {
             bad_input::bad_nested_persistent_sections_restore_the_mode,
             bad_input::bad_failed_section_does_not_poison_the_next,
             bad_input::bad_descriptors_property,
+            honest::honest_profile_scales_with_work,
+            honest::honest_memory_plateau_over_a_training_loop,
+            honest::honest_pitch_scales_with_the_row,
             transfer::create_and_read_back,
             transfer::zero_size_buffer,
             transfer::write_in_place,

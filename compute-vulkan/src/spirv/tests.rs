@@ -53,7 +53,9 @@ fn validate(words: &[u32], env: &str) -> Option<Result<(), String>> {
         .output();
     let result = match out {
         Err(_) => {
-            eprintln!("spirv-val not found on PATH: skipping SPIR-V validation");
+            compute_core::env::report_reduced(
+                "spirv-val not found on PATH: the SPIR-V was not validated",
+            );
             None
         }
         Ok(o) if o.status.success() => Some(Ok(())),

@@ -1,0 +1,146 @@
+//! Tests that check what their names claim, beyond the contract tests: device time that scales
+//! with work, memory that plateaus over a training-like loop, pitches that scale with the row.
+
+use std::time::Duration;
+
+use compute_core::{Bytes, ComputeClient, MemoryLayoutDescriptor, Runtime, StreamId};
+
+use crate::kernels;
+use crate::util::{f32_bytes, ramp, sync};
+
+fn fresh_stream<R: Runtime>(mut client: ComputeClient<R>) -> ComputeClient<R> {
+    // SAFETY: the stream is fresh and used by this test's thread only.
+    unsafe { client.set_stream(StreamId::fresh()) };
+    client
+}
+
+/// `profile` returns a time that scales with the work: 4x the iterations of a loop kernel take
+/// between 2x and 12x the time (best of five of each, on every backend, device or host timing;
+/// the band is wide because software devices share the cores with the tests running beside).
+pub fn honest_profile_scales_with_work<R: Runtime>(client: ComputeClient<R>) {
+    let n = 1 << 12;
+    let input = client.create(f32_bytes(&ramp(n, 1.0)));
+    let out = client.empty(n * 4);
+    let time = |iterations: u32| -> Duration {
+        (0..5)
+            .map(|_| {
+                let ((), d) = client
+                    .profile(
+                        || kernels::launch_slow_add(&client, &input, &out, n, iterations),
+                        "slow_add",
+                    )
+                    .unwrap();
+                d.duration
+            })
+            .min()
+            .unwrap()
+    };
+    // Warm the compile caches first, so neither figure includes a compile.
+    time(1);
+    let base = 2_000;
+    let short = time(base);
+    let long = time(4 * base);
+    let ratio = long.as_secs_f64() / short.as_secs_f64().max(1e-9);
+    assert!(
+        (2.0..=12.0).contains(&ratio),
+        "{}: {base} iterations took {short:?}, {} took {long:?}: ratio {ratio:.2}, outside [2, 12]",
+        R::name(),
+        4 * base
+    );
+    let got = client.read_one(out).unwrap().to_elems::<f32>();
+    assert_eq!(got[n - 1], (n - 1) as f32 + (4 * base) as f32);
+}
+
+/// A training-like loop on two streams (several sizes, a launch and a create each step, a read of
+/// the "loss" on one stream and a sync of the other at the end of every step, as a training loop
+/// does): in-use and reserved memory are the same at step 10 and at step 1,000.
+pub fn honest_memory_plateau_over_a_training_loop<R: Runtime>(client: ComputeClient<R>) {
+    let main = fresh_stream(client.clone());
+    let side = fresh_stream(client);
+    let kernel = kernels::add_f32(1);
+    let sizes = [256usize, 1000, 4096, 16_384];
+    let weights: Vec<_> = sizes
+        .iter()
+        .map(|&n| main.create(f32_bytes(&ramp(n, 1.0))))
+        .collect();
+    let usage = |c: &ComputeClient<R>| c.stream_memory_usage().unwrap();
+    let mut at_ten = None;
+    for step in 0..1000usize {
+        for (i, &n) in sizes.iter().enumerate() {
+            let c = if (step + i) % 2 == 0 { &main } else { &side };
+            let batch = c.create(f32_bytes(&ramp(n, step as f32)));
+            let out = c.empty(n * 4);
+            kernels::launch_binary(c, &kernel, &weights[i], &batch, &out, n, 1);
+            if step % 50 == i {
+                let got = c.read_one(out.clone()).unwrap().to_elems::<f32>();
+                let want = (n - 1) as f32 * (1.0 + step as f32);
+                assert_eq!(got[n - 1], want, "step {step}, size {n}");
+            }
+        }
+        // The step's "loss" read on one stream, and the other stream drained.
+        let loss = main.create(f32_bytes(&[step as f32]));
+        assert_eq!(
+            main.read_one(loss).unwrap().to_elems::<f32>(),
+            vec![step as f32]
+        );
+        sync(&side);
+        if step == 9 || step == 999 {
+            sync(&main);
+            sync(&side);
+            let figures = (usage(&main), usage(&side));
+            if step == 9 {
+                at_ten = Some(figures);
+            } else {
+                let (m10, s10) = at_ten.unwrap();
+                let (m, s) = figures;
+                assert_eq!(
+                    (m.bytes_in_use, m.number_allocs),
+                    (m10.bytes_in_use, m10.number_allocs),
+                    "main stream in use grew"
+                );
+                assert_eq!(
+                    (s.bytes_in_use, s.number_allocs),
+                    (s10.bytes_in_use, s10.number_allocs),
+                    "side stream in use grew"
+                );
+                assert_eq!(
+                    m.bytes_reserved, m10.bytes_reserved,
+                    "main stream reserved grew"
+                );
+                assert_eq!(
+                    s.bytes_reserved, s10.bytes_reserved,
+                    "side stream reserved grew"
+                );
+            }
+        }
+    }
+}
+
+/// A pitched layout pads a row to at most the next power of two of its own size: an `[N, 1]`
+/// f32 tensor takes `N * 4` bytes, not `N` times the pitch alignment.
+pub fn honest_pitch_scales_with_the_row<R: Runtime>(client: ComputeClient<R>) {
+    let client = fresh_stream(client);
+    let start = client.stream_memory_usage().unwrap().bytes_in_use;
+    let column = client.empty_tensor([1024, 1].into(), 4);
+    assert_eq!(
+        column.strides.0,
+        vec![1, 1],
+        "a 4-byte row needs no padding"
+    );
+    let used = client.stream_memory_usage().unwrap().bytes_in_use - start;
+    assert!(used <= 4096 + 256, "[1024, 1] f32 took {used} bytes");
+    // Rows still padded where the backend pitches: never more than twice the row.
+    let wide = client.empty_tensor([8, 100].into(), 4);
+    let row = wide.strides.0[0];
+    assert!((100..=128).contains(&row), "row stride {row} for 100 f32");
+    let data: Vec<f32> = (0..800).map(|i| i as f32).collect();
+    let t = client.create_tensor(Bytes::from_elem_slice(&data), [8, 100].into(), 4);
+    let back = client
+        .read_one_unchecked_tensor(t.copy_descriptor())
+        .to_elems::<f32>();
+    assert_eq!(back, data);
+    let d = MemoryLayoutDescriptor::optimized([3, 1], 8);
+    let layout = client.try_empty_tensors(vec![d]).unwrap().remove(0);
+    assert_eq!(layout.strides.0, vec![1, 1]);
+    drop((column, wide));
+}

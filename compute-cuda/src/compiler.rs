@@ -34,7 +34,9 @@ pub struct CompiledKernel {
 impl Drop for CompiledKernel {
     fn drop(&mut self) {
         // SAFETY: the module was loaded by `compile` and no launch can start after the drop.
-        let _ = unsafe { result::module::unload(self.module.0) };
+        crate::driver::released("cuModuleUnload", unsafe {
+            result::module::unload(self.module.0)
+        });
     }
 }
 
@@ -140,7 +142,7 @@ fn load(image: &[u8]) -> Result<(sys::CUmodule, sys::CUfunction), ServerError> {
         Ok(function) => Ok((module, function)),
         Err(e) => {
             // SAFETY: loaded above, unused.
-            let _ = unsafe { result::module::unload(module) };
+            crate::driver::released("cuModuleUnload", unsafe { result::module::unload(module) });
             Err(crate::driver::driver_error("cuModuleGetFunction", e))
         }
     }
@@ -190,7 +192,11 @@ fn nvrtc_compile(name: &str, source: &str, target: Target) -> Result<Vec<u8>, Se
         }
     };
     // SAFETY: created above, destroyed once.
-    let _ = unsafe { nvrtc::destroy_program(program) };
+    if let Err(e) = unsafe { nvrtc::destroy_program(program) } {
+        crate::driver::record_release_error(ServerError::Compilation(format!(
+            "nvrtcDestroyProgram failed for kernel `{name}`: {e:?}"
+        )));
+    }
     outcome
 }
 

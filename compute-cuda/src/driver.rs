@@ -59,6 +59,66 @@ pub(crate) fn describe(error: DriverError) -> String {
     format!("{name}: {text}")
 }
 
+/// Errors the driver raised while releasing something (a free, a destroy, an unload), which
+/// happens in `Drop` or in the pools with no caller to return them to. They are recorded here and
+/// returned by the next `flush`, `sync` or read of any CUDA server of this process, as cudarc's
+/// `record_err` does: never discarded.
+static RELEASE_ERRORS: spin::Mutex<std::collections::VecDeque<ServerError>> =
+    spin::Mutex::new(std::collections::VecDeque::new());
+
+/// Failures to inject into the next releases of one call (for tests: the driver cannot be made
+/// to fail a free on demand): the call's name and how many.
+static INJECTED_RELEASE_FAILURES: spin::Mutex<Option<(String, u32)>> = spin::Mutex::new(None);
+
+/// Record the outcome of a release (`what` names the call). An error is kept for the next report.
+pub(crate) fn released(what: &str, outcome: Result<(), DriverError>) {
+    let injected = {
+        let mut slot = INJECTED_RELEASE_FAILURES.lock();
+        match slot.as_mut() {
+            Some((call, n)) if call == what && *n > 0 => {
+                *n -= 1;
+                true
+            }
+            _ => false,
+        }
+    };
+    let outcome = if injected {
+        outcome.and(Err(DriverError(sys::CUresult::CUDA_ERROR_INVALID_VALUE)))
+    } else {
+        outcome
+    };
+    if let Err(e) = outcome {
+        RELEASE_ERRORS.lock().push_back(driver_error(what, e));
+    }
+}
+
+/// Record an error of a release that is not a driver call (NVRTC's program destroy).
+pub(crate) fn record_release_error(error: ServerError) {
+    RELEASE_ERRORS.lock().push_back(error);
+}
+
+/// Record the status of a raw `sys` release call.
+pub(crate) fn released_raw(what: &str, status: sys::CUresult) {
+    released(what, status.result());
+}
+
+/// The first release error recorded since the last report (the rest are discarded and counted,
+/// as `compute_core::error::take_first` does for every error queue).
+pub(crate) fn take_release_error() -> Result<(), ServerError> {
+    match compute_core::error::take_first(&mut RELEASE_ERRORS.lock()) {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
+}
+
+/// Make the next `count` releases through the driver call `call` (`cuMemFree`,
+/// `cuEventDestroy`, ...) report `CUDA_ERROR_INVALID_VALUE` after the real call, to test that
+/// such errors reach the caller. Not for production use.
+#[doc(hidden)]
+pub fn inject_release_failures(call: &str, count: u32) {
+    *INJECTED_RELEASE_FAILURES.lock() = Some((call.to_owned(), count));
+}
+
 /// A driver error as the runtime reports it, with what was being done.
 pub(crate) fn driver_error(what: &str, error: DriverError) -> ServerError {
     let message = format!("{what}: {}", describe(error));
@@ -159,7 +219,9 @@ impl Context {
 impl Drop for Context {
     fn drop(&mut self) {
         // SAFETY: retained in `retain`; released once here.
-        let _ = unsafe { result::primary_ctx::release(self.device) };
+        released("cuDevicePrimaryCtxRelease", unsafe {
+            result::primary_ctx::release(self.device)
+        });
     }
 }
 

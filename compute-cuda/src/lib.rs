@@ -38,7 +38,7 @@ pub use compiler::{CompiledKernel, cache_dir};
 /// The cudarc version this backend is built on, for raw baselines and interop.
 pub use cudarc;
 pub use device::{CUDA_DEVICE_TYPE, CudaDevice};
-pub use driver::{driver_available, nvrtc_available};
+pub use driver::{driver_available, inject_release_failures, nvrtc_available};
 pub use kernel::CudaKernel;
 pub use pinned::{PinnedBuffer, PinnedPool};
 pub use runtime::{CUDA_PITCH_ALIGNMENT, CudaRuntime};

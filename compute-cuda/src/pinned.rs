@@ -118,7 +118,7 @@ impl PinnedPool {
         }
         for p in evicted {
             // SAFETY: allocated by `take` with cuMemHostAlloc and referenced by nothing else.
-            let _ = unsafe { result::free_host(p.0.cast()) };
+            crate::driver::released("cuMemFreeHost", unsafe { result::free_host(p.0.cast()) });
         }
     }
 
@@ -131,7 +131,7 @@ impl PinnedPool {
         }
         for ptr in lists.into_values().flatten() {
             // SAFETY: cached buffers are owned by the pool alone.
-            let _ = unsafe { result::free_host(ptr.0.cast()) };
+            crate::driver::released("cuMemFreeHost", unsafe { result::free_host(ptr.0.cast()) });
         }
     }
 }

@@ -289,7 +289,9 @@ impl StagingRing {
             events.give(event);
             // Nothing says when the slot's copies are done: wait for them here.
             // SAFETY: the stream is alive.
-            let _ = unsafe { result::stream::synchronize(open.stream.0) };
+            crate::driver::released("cuStreamSynchronize", unsafe {
+                result::stream::synchronize(open.stream.0)
+            });
             return Err(e);
         }
         let closed = Closed {
@@ -386,7 +388,9 @@ impl StagingRing {
     fn release(&mut self, events: &mut EventPool) {
         if let Some(open) = self.open.take() {
             // SAFETY: the stream is alive; its copies from the open slot are done after this.
-            let _ = unsafe { result::stream::synchronize(open.stream.0) };
+            crate::driver::released("cuStreamSynchronize", unsafe {
+                result::stream::synchronize(open.stream.0)
+            });
         }
         for (buffer, closed) in self.slots.drain(..) {
             if let Some(closed) = closed {
@@ -1136,6 +1140,7 @@ impl CudaServer {
         stream: StreamId,
     ) -> Result<DynFut<Result<Vec<Bytes>, ServerError>>, ServerError> {
         self.settle()?;
+        crate::driver::take_release_error()?;
         self.ensure_not_capturing(stream, "read")?;
         let mut sources = Vec::with_capacity(descriptors.len());
         for descriptor in &descriptors {
@@ -1439,6 +1444,7 @@ impl ComputeServer for CudaServer {
 
     fn flush(&mut self, stream: StreamId) -> Result<(), ServerError> {
         self.settle()?;
+        crate::driver::take_release_error()?;
         let state = self.stream(stream)?;
         if state.capture.is_some() {
             return Ok(());
@@ -1456,6 +1462,7 @@ impl ComputeServer for CudaServer {
     fn sync(&mut self, stream: StreamId) -> DynFut<Result<(), ServerError>> {
         if let Err(e) = self
             .settle()
+            .and_then(|()| crate::driver::take_release_error())
             .and_then(|()| self.ensure_not_capturing(stream, "sync"))
         {
             return ready(Err(e));
@@ -1596,7 +1603,7 @@ impl ComputeServer for CudaServer {
         // SAFETY: `graph` was just captured.
         let exec = unsafe { result::graph::instantiate(graph, sys::CUgraphInstantiate_flags(0)) };
         // SAFETY: the executable graph does not need the template.
-        let _ = unsafe { result::graph::destroy(graph) };
+        crate::driver::released("cuGraphDestroy", unsafe { result::graph::destroy(graph) });
         let exec = exec.map_err(|e| {
             ServerError::Capture(format!(
                 "cuGraphInstantiate: {}",
@@ -1660,7 +1667,9 @@ impl ComputeServer for CudaServer {
             Some(state) => {
                 // Capturing again: the graph cannot be ordered now, so wait for it.
                 // SAFETY: the stream is alive.
-                let _ = unsafe { result::stream::synchronize(state.raw.0) };
+                crate::driver::released("cuStreamSynchronize", unsafe {
+                    result::stream::synchronize(state.raw.0)
+                });
             }
             None => {}
         }
@@ -1713,11 +1722,11 @@ impl ComputeServer for CudaServer {
                     unsafe { result::event::elapsed(start.0, end.0) }.check("cuEventElapsedTime")
                 });
                 // SAFETY: owned here, destroyed once.
-                let _ = unsafe { result::event::destroy(end.0) };
+                crate::driver::released("cuEventDestroy", unsafe { result::event::destroy(end.0) });
                 elapsed
             });
             // SAFETY: owned here, destroyed once.
-            let _ = unsafe { result::event::destroy(start.0) };
+            crate::driver::released("cuEventDestroy", unsafe { result::event::destroy(start.0) });
             let ms = outcome?;
             Ok(ProfileDuration {
                 duration: core::time::Duration::from_secs_f64(f64::from(ms.max(0.0)) / 1e3),
@@ -1813,7 +1822,7 @@ impl Drop for CudaServer {
         self.graphs.clear();
         for (_, event) in self.profiles.drain() {
             // SAFETY: owned by the server; the streams are idle.
-            let _ = unsafe { result::event::destroy(event.0) };
+            crate::driver::released("cuEventDestroy", unsafe { result::event::destroy(event.0) });
         }
         self.streams.clear();
         self.kernels.clear();

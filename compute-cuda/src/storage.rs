@@ -59,12 +59,17 @@ impl ComputeStorage for CudaStorage {
             reason: "exceeds the address space".into(),
         })?;
         // SAFETY: the server made the device's context current before calling into the pools.
-        let ptr = unsafe { result::malloc_sync(bytes) }.map_err(|e| ServerError::OutOfMemory {
-            requested: size,
-            reason: format!(
-                "cuMemAlloc refused the block: {}",
-                crate::driver::describe(e)
-            ),
+        // Mapped by its result code: only CUDA_ERROR_OUT_OF_MEMORY is out of memory (the pools
+        // then release free pages and retry); anything else is the driver's error.
+        let ptr = unsafe { result::malloc_sync(bytes) }.map_err(|e| match e.0 {
+            sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY => ServerError::OutOfMemory {
+                requested: size,
+                reason: format!(
+                    "cuMemAlloc refused the block: {}",
+                    crate::driver::describe(e)
+                ),
+            },
+            _ => crate::driver::driver_error("cuMemAlloc", e),
         })?;
         let id = StorageId::new();
         self.blocks.insert(id, (ptr, size));
@@ -78,7 +83,7 @@ impl ComputeStorage for CudaStorage {
         if let Some((ptr, _)) = self.blocks.remove(&id) {
             // SAFETY: allocated by `alloc`; cuMemFree waits for work still using it, and the pools
             // only release blocks no live handle refers to.
-            let _ = unsafe { sys::cuMemFree_v2(ptr) };
+            crate::driver::released_raw("cuMemFree", unsafe { sys::cuMemFree_v2(ptr) });
         }
     }
 

@@ -31,7 +31,9 @@ pub(crate) struct GraphExec(pub(crate) Raw<sys::CUgraphExec>);
 impl Drop for GraphExec {
     fn drop(&mut self) {
         // SAFETY: instantiated by the server; dropped only after its replays completed.
-        let _ = unsafe { result::graph::exec_destroy(self.0.0) };
+        crate::driver::released("cuGraphExecDestroy", unsafe {
+            result::graph::exec_destroy(self.0.0)
+        });
     }
 }
 
@@ -113,7 +115,7 @@ impl WaitEvents {
         if self.context.bind().is_ok() {
             // SAFETY: owned by the caller alone; destroying a pending event is allowed (the
             // destruction completes once it has).
-            let _ = unsafe { result::event::destroy(event.0) };
+            crate::driver::released("cuEventDestroy", unsafe { result::event::destroy(event.0) });
         }
     }
 }
@@ -138,7 +140,7 @@ impl Drop for WaitEvents {
         }
         for event in self.free.get_mut().drain(..) {
             // SAFETY: pooled events are referenced by nothing else.
-            let _ = unsafe { result::event::destroy(event.0) };
+            crate::driver::released("cuEventDestroy", unsafe { result::event::destroy(event.0) });
         }
     }
 }
@@ -291,18 +293,22 @@ impl StreamState {
 impl Drop for StreamState {
     fn drop(&mut self) {
         // SAFETY: the stream is alive; nothing is enqueued on it after this.
-        let _ = unsafe { result::stream::synchronize(self.raw.0) };
+        crate::driver::released("cuStreamSynchronize", unsafe {
+            result::stream::synchronize(self.raw.0)
+        });
         self.open.clear();
         for (event, keep) in self.pending.drain(..) {
             drop(keep);
             // SAFETY: completed (the stream is idle) and owned by the queue.
-            let _ = unsafe { result::event::destroy(event.0) };
+            crate::driver::released("cuEventDestroy", unsafe { result::event::destroy(event.0) });
         }
         if let Some((_, event)) = self.marker.take() {
             // SAFETY: as above.
-            let _ = unsafe { result::event::destroy(event.0) };
+            crate::driver::released("cuEventDestroy", unsafe { result::event::destroy(event.0) });
         }
         // SAFETY: idle, and destroyed once.
-        let _ = unsafe { result::stream::destroy(self.raw.0) };
+        crate::driver::released("cuStreamDestroy", unsafe {
+            result::stream::destroy(self.raw.0)
+        });
     }
 }

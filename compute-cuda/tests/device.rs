@@ -210,3 +210,32 @@ fn float_semantics_match_the_cpu() {
         );
     }
 }
+
+/// A driver error raised by a free (in the pools, with no caller to return it to) is returned by
+/// the next report, once; the call after that is clean. The driver cannot be made to fail a
+/// free, so the failure is injected after the real `cuMemFree`.
+#[test]
+fn a_failed_free_reaches_the_next_report() {
+    let Some(mut client) = cuda() else { return };
+    // SAFETY: a fresh stream, used by this test's thread only.
+    unsafe { client.set_stream(compute_core::StreamId::fresh()) };
+    let h = client.empty(1 << 20);
+    compute_core::block_on(client.sync()).expect("sync");
+    drop(h);
+    compute_core::block_on(client.sync()).expect("sync");
+    compute_cuda::inject_release_failures("cuMemFree", 1);
+    client.memory_cleanup();
+    let err = client
+        .flush()
+        .expect_err("the failed free is reported by the next flush");
+    assert!(
+        matches!(&err, compute_core::ServerError::Driver(m) if m.contains("cuMemFree") && m.contains("CUDA_ERROR_INVALID_VALUE")),
+        "{err:?}"
+    );
+    client.flush().expect("reported once");
+    let again = client.create(Bytes::from_elems(vec![1.0f32, 2.0]));
+    assert_eq!(
+        client.read_one(again).unwrap().to_elems::<f32>(),
+        vec![1.0, 2.0]
+    );
+}

@@ -308,11 +308,13 @@ impl VulkanServer {
         let limits = *ctx.limits();
         let bind_align = limits.min_storage_buffer_offset_alignment.max(4);
         let slice_align = bind_align.max(16);
+        // Rounded down to the slice alignment: the pools pad a request to it, and every size up
+        // to the reported maximum must allocate.
         let max_block = u64::from(limits.max_storage_buffer_range)
             .min(ctx.max_buffer_size)
             .min(ctx.max_memory_allocation_size)
-            / 4
-            * 4;
+            / slice_align
+            * slice_align;
         let timestamps = ctx.timestamp_valid_bits > 0 && limits.timestamp_period > 0.0;
         let props = ctx.properties;
         let info = VulkanInfo {
@@ -418,21 +420,16 @@ impl VulkanServer {
         })
     }
 
-    /// An allocation larger than one block can be is an error naming the Vulkan limits.
+    /// An allocation larger than one block can be (the least of maxStorageBufferRange,
+    /// maxBufferSize and maxMemoryAllocationSize, rounded down to the slice alignment) is
+    /// [`ServerError::BufferTooLarge`].
     fn check_size(&self, size: u64) -> Result<(), ServerError> {
         if size <= self.max_block {
             return Ok(());
         }
-        let limits = self.ctx.limits();
-        Err(ServerError::OutOfMemory {
+        Err(ServerError::BufferTooLarge {
             requested: size,
-            reason: format!(
-                "larger than the largest buffer a Vulkan kernel can bind on this device ({} bytes: the least of maxStorageBufferRange = {}, maxBufferSize = {}, maxMemoryAllocationSize = {})",
-                self.max_block,
-                limits.max_storage_buffer_range,
-                self.ctx.max_buffer_size,
-                self.ctx.max_memory_allocation_size
-            ),
+            maximum: self.max_block,
         })
     }
 

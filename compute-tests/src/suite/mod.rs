@@ -1,6 +1,7 @@
 //! The conformance tests, grouped by concern. Each is `fn name<R: Runtime>(client: ComputeClient<R>)`.
 
 pub mod collective;
+pub mod defects;
 pub mod devices;
 pub mod graph;
 pub mod ir_arith;
@@ -120,6 +121,10 @@ macro_rules! for_each_test {
             profile::profile_measures_work,
             profile::measure_throughput_reports,
             profile::measure_launch_overhead_samples,
+            defects::writes_change_exactly_their_bytes,
+            defects::over_limit_dynamic_count_is_an_error,
+            defects::graph_keeps_recorded_buffers_alive,
+            defects::largest_buffer_allocates,
         );
     };
 }

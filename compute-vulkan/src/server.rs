@@ -35,6 +35,7 @@ use crate::collective::{Collectives, Round};
 use crate::context::Context;
 use crate::descriptors::{DescriptorCache, Range};
 use crate::device::{VulkanDevice, device_count};
+use crate::guard::{GUARD_BYTES, IndirectGuard, cleared_status, guard_kernel};
 use crate::kernel::VulkanKernel;
 use crate::ops::Rec;
 use crate::pipeline::{Pipeline, PipelineCache};
@@ -196,6 +197,8 @@ pub struct VulkanServer {
     /// Bindings resolved lately (repeated launches skip the pool and block lookups).
     resolved: [(Option<ResolveKey>, VulkanResource); RESOLVED],
     next_resolved: usize,
+    /// The indirect dispatch guard, made at the first launch with a dynamic cube count.
+    guard: Option<IndirectGuard>,
 }
 
 /// Placeholder of unused [`ResolveKey`] slots.
@@ -416,8 +419,81 @@ impl VulkanServer {
             captures: 0,
             resolved: [(None, NO_RESOURCE); RESOLVED],
             next_resolved: 0,
+            guard: None,
             ctx,
         })
+    }
+
+    /// Run the indirect guard (see [`crate::guard`]) over the dynamic count `binding` on
+    /// `stream`: the binding of the guarded count, to dispatch from.
+    fn guard_count(&mut self, binding: Binding, stream: StreamId) -> Result<Binding, ServerError> {
+        if self.guard.is_none() {
+            self.ensure_not_capturing(
+                stream,
+                "the first launch with a dynamic cube count (it makes the count guard's buffers)",
+            )?;
+            let owner = self.owner;
+            let memory = &mut self.stream(stream)?.memory;
+            let args = Handle::new(memory.reserve(GUARD_BYTES)?, owner, stream);
+            let status = Handle::new(memory.reserve(GUARD_BYTES)?, owner, stream);
+            self.write(
+                vec![(status.clone().copy_descriptor_bytes(), cleared_status())],
+                stream,
+            )?;
+            self.guard = Some(IndirectGuard {
+                kernel: guard_kernel().into(),
+                args,
+                status,
+                unread: false,
+            });
+        }
+        let Some(guard) = self.guard.as_mut() else {
+            unreachable!("made just above")
+        };
+        guard.unread = true;
+        let (kernel, args) = (guard.kernel.clone(), guard.args.clone());
+        let max = self.properties.hardware.max_cube_count;
+        let arguments = KernelArguments::new()
+            .buffer(binding)
+            .buffer(args.clone().binding())
+            .buffer(guard.status.clone().binding())
+            .scalar(max[0])
+            .scalar(max[1])
+            .scalar(max[2]);
+        // SAFETY: a bounds-checked launch of the guard, whose buffers hold the 3 and 4 words it
+        // reads and writes.
+        unsafe {
+            self.launch(
+                kernel,
+                CubeCount::Static(1, 1, 1),
+                arguments,
+                ExecutionMode::Checked,
+                stream,
+            )?;
+        }
+        Ok(args.binding())
+    }
+
+    /// When an indirect launch was recorded since the status was last read: a read of the
+    /// guard's status, and a write clearing it after the read.
+    fn read_guard_status(
+        &mut self,
+        stream: StreamId,
+    ) -> Option<DynFut<Result<Vec<Bytes>, ServerError>>> {
+        let guard = self.guard.as_mut()?;
+        if !guard.unread {
+            return None;
+        }
+        guard.unread = false;
+        let status = guard.status.clone();
+        let read = self.read(vec![status.clone().copy_descriptor_bytes()], stream);
+        if let Err(e) = self.write(
+            vec![(status.copy_descriptor_bytes(), cleared_status())],
+            stream,
+        ) {
+            self.errors.lock().push_back(e);
+        }
+        Some(read)
     }
 
     /// An allocation larger than one block can be (the least of maxStorageBufferRange,
@@ -1123,6 +1199,12 @@ impl ComputeServer for VulkanServer {
         // its pipeline is made.
         def.check_arguments(&arguments)?;
         count.check(&self.properties.hardware)?;
+        // A dynamic count is dispatched through the guard: over the limits, nothing runs and
+        // the next sync reports it.
+        let count = match count {
+            CubeCount::Dynamic(binding) => CubeCount::Dynamic(self.guard_count(binding, stream)?),
+            other => other,
+        };
         let mut keep: Vec<Binding> = Vec::new();
         let capturing = self.captures > 0 && self.capturing(stream);
         let (count, empty) = match count {
@@ -1221,6 +1303,7 @@ impl ComputeServer for VulkanServer {
         if let Err(e) = self.ensure_not_capturing(stream, "sync") {
             return ready(Err(e));
         }
+        let guard = self.read_guard_status(stream);
         let value = match self.submit_or_last() {
             Ok(v) => v,
             Err(e) => return ready(Err(e)),
@@ -1229,8 +1312,32 @@ impl ComputeServer for VulkanServer {
         self.cache.maybe_save();
         let ctx = self.ctx.clone();
         let errors = self.errors.clone();
+        let maximum = self.properties.hardware.max_cube_count;
         Box::pin(async move {
             ctx.wait(value)?;
+            if let Some(read) = guard {
+                match read.await {
+                    Ok(bytes) => {
+                        let status: Vec<u32> = bytes.first().map_or_else(Vec::new, |b| {
+                            b.to_vec()
+                                .chunks_exact(4)
+                                .map(|w| u32::from_le_bytes([w[0], w[1], w[2], w[3]]))
+                                .collect()
+                        });
+                        if status.len() == 4 && status[0] != 0 {
+                            errors.lock().push_back(
+                                compute_core::error::LaunchError::CubeCountTooLarge {
+                                    count: [status[1], status[2], status[3]],
+                                    maximum,
+                                }
+                                .into(),
+                            );
+                        }
+                    }
+                    // An error queued before, taken by the read: first again.
+                    Err(e) => errors.lock().push_front(e),
+                }
+            }
             match errors.lock().pop_front() {
                 Some(e) => Err(e),
                 None => Ok(()),
@@ -1337,6 +1444,10 @@ impl ComputeServer for VulkanServer {
 
     fn graph_replay(&mut self, graph: GraphId, stream: StreamId) -> Result<(), ServerError> {
         self.ensure_not_capturing(stream, "graph replay")?;
+        // A graph may hold guarded indirect launches: read the guard's status at the next sync.
+        if let Some(guard) = &mut self.guard {
+            guard.unread = true;
+        }
         let cb = match self.graphs.get(&graph) {
             Some(g) if g.stream == stream => g.cb,
             Some(g) => {

@@ -972,6 +972,21 @@ fn push_block<'a>(
     dst
 }
 
+/// The over-limit count the indirect guard recorded in its status (read back as `bytes`), as the
+/// error to report, if it recorded one.
+fn guard_error(bytes: &[Bytes], maximum: [u32; 3]) -> Option<ServerError> {
+    let raw = bytes.first()?.to_vec();
+    let word =
+        |i: usize| u32::from_le_bytes([raw[4 * i], raw[4 * i + 1], raw[4 * i + 2], raw[4 * i + 3]]);
+    (raw.len() >= GUARD_BYTES as usize && word(0) != 0).then(|| {
+        compute_core::error::LaunchError::CubeCountTooLarge {
+            count: [word(1), word(2), word(3)],
+            maximum,
+        }
+        .into()
+    })
+}
+
 /// Record the dispatch itself (after the pipeline and its descriptors).
 fn record_count(rec: &mut Rec<'_>, count: DispatchCount) {
     match count {
@@ -1102,6 +1117,12 @@ impl ComputeServer for VulkanServer {
         descriptors: Vec<CopyDescriptor>,
         stream: StreamId,
     ) -> DynFut<Result<Vec<Bytes>, ServerError>> {
+        // Read before the data (the status read takes a queued error first); cleared after.
+        let guard = match self.ensure_not_capturing(stream, "read") {
+            Ok(()) => self.read_guard_status(stream),
+            Err(_) => None,
+        };
+        let maximum = self.properties.hardware.max_cube_count;
         let prepared = (|| {
             self.ensure_not_capturing(stream, "read")?;
             self.take_error()?;
@@ -1142,6 +1163,11 @@ impl ComputeServer for VulkanServer {
             Err(e) => return ready(Err(e)),
         };
         Box::pin(async move {
+            if let Some(read) = guard
+                && let Some(e) = guard_error(&read.await?, maximum)
+            {
+                return Err(e);
+            }
             pending.ctx.wait(pending.value)?;
             let mut out = Vec::with_capacity(pending.parts.len());
             for part in &pending.parts {
@@ -1318,20 +1344,8 @@ impl ComputeServer for VulkanServer {
             if let Some(read) = guard {
                 match read.await {
                     Ok(bytes) => {
-                        let status: Vec<u32> = bytes.first().map_or_else(Vec::new, |b| {
-                            b.to_vec()
-                                .chunks_exact(4)
-                                .map(|w| u32::from_le_bytes([w[0], w[1], w[2], w[3]]))
-                                .collect()
-                        });
-                        if status.len() == 4 && status[0] != 0 {
-                            errors.lock().push_back(
-                                compute_core::error::LaunchError::CubeCountTooLarge {
-                                    count: [status[1], status[2], status[3]],
-                                    maximum,
-                                }
-                                .into(),
-                            );
+                        if let Some(e) = guard_error(&bytes, maximum) {
+                            errors.lock().push_back(e);
                         }
                     }
                     // An error queued before, taken by the read: first again.

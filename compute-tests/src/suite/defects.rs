@@ -113,7 +113,30 @@ pub fn over_limit_dynamic_count_is_an_error<R: Runtime>(client: ComputeClient<R>
         client.read_one(before).unwrap().to_elems::<f32>(),
         before_data
     );
-    // The error was reported once; a count within the limit then runs.
+    // A read reports it too (here an over-limit second axis).
+    if maximum[1] < u32::MAX {
+        let over = [1, maximum[1] + 1, 1];
+        let count = client.create(Bytes::from_elems(over.to_vec()));
+        client.launch(
+            kernels::fill_f32().into(),
+            CubeCount::Dynamic(count.binding()),
+            KernelArguments::new()
+                .buffer(out.clone().binding())
+                .scalar(4.0f32),
+        );
+        assert_eq!(
+            client.read_one(out.clone()).unwrap_err(),
+            ServerError::Launch(LaunchError::CubeCountTooLarge {
+                count: over,
+                maximum
+            })
+        );
+        assert_eq!(
+            client.read_one(out.clone()).unwrap().to_elems::<f32>(),
+            vec![0.0; n]
+        );
+    }
+    // Each error was reported once; a count within the limit then runs.
     let count = client.create(Bytes::from_elems(vec![1u32, 1, 1]));
     client.launch(
         kernels::fill_f32().into(),
@@ -199,6 +222,7 @@ pub fn largest_buffer_allocates<R: Runtime>(client: ComputeClient<R>) {
         let handle = client
             .try_empty(max as usize)
             .unwrap_or_else(|e| panic!("max_page_size = {max} bytes: {e:?}"));
+        eprintln!("allocated max_page_size = {max} bytes on {}", props.name);
         assert_eq!(handle.size(), max);
         let end = handle.clone().range(max - 7, 7).unwrap();
         let data = pattern(7, 0x42);

@@ -307,6 +307,8 @@ pub(crate) fn plan_write(
 }
 
 /// Write `data` at `offset` bytes into `target` with `queue.write_buffer` (see [`write_part`]).
+/// Only the host collectives use it: a length not a multiple of 4 zero-fills the rest of its last
+/// word. `ComputeServer::write` changes exactly the bytes given (see [`plan_write`]).
 pub(crate) fn write_padded(
     queue: &wgpu::Queue,
     target: &WgpuResource,

@@ -221,7 +221,7 @@ fn run(ops: Vec<Op>, layout: usize, storage_alignment: u64, device_alignment: u6
                     size,
                     mode: mm.current_mode(),
                 }),
-                Err(ServerError::OutOfMemory { requested, .. }) => {
+                Err(ServerError::BufferTooLarge { requested, .. }) => {
                     assert_eq!(requested, size);
                     assert!(
                         size.next_multiple_of(alignment) > MAX_PAGE,

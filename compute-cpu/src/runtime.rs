@@ -18,7 +18,9 @@ pub struct CpuRuntime;
 
 fn properties(device: CpuDevice) -> DeviceProperties {
     let total = host_memory_bytes();
-    let max_page = total.unwrap_or(16 << 30);
+    // Rounded down to the alignment the pools pad requests to.
+    let max_page =
+        total.unwrap_or(16 << 30) / crate::storage::CPU_ALIGNMENT * crate::storage::CPU_ALIGNMENT;
     DeviceProperties {
         name: format!("cpu:{}", device.index),
         backend: "cpu".into(),

@@ -36,7 +36,8 @@ pub(crate) fn properties(context: &Context) -> DeviceProperties {
         name,
         backend: "cuda".into(),
         memory: MemoryDeviceProperties {
-            max_page_size: total.unwrap_or(1 << 34),
+            // Rounded down to the alignment the pools pad requests to.
+            max_page_size: total.unwrap_or(1 << 34) / CUDA_ALIGNMENT * CUDA_ALIGNMENT,
             alignment: CUDA_ALIGNMENT,
         },
         memory_total: total,

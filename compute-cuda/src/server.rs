@@ -879,11 +879,15 @@ impl CudaServer {
         let mut others = Vec::new();
         for binding in bindings {
             binding.handle().access().replace(point);
-            if binding.handle().stream() != stream {
-                match &mut state.capture {
-                    Some(holds) => holds.push((*binding).clone()),
-                    None => others.push(KeepAlive::Binding((*binding).clone())),
+            match &mut state.capture {
+                // A graph keeps every binding it recorded, of this stream's pools too: its
+                // replays read and write the recorded addresses long after the caller may have
+                // dropped the handles, and a freed slice would be handed to a new buffer.
+                Some(holds) => holds.push((*binding).clone()),
+                None if binding.handle().stream() != stream => {
+                    others.push(KeepAlive::Binding((*binding).clone()));
                 }
+                None => {}
             }
         }
         state.hold(&mut self.events, extra.into_iter().chain(others))
@@ -1183,6 +1187,23 @@ impl CudaServer {
     }
 
     /// The three `u32` of a dynamic cube count, read after the work queued so far.
+    /// Launch the executable graph `exec` on `stream`, ordered after the last uses of `holds`
+    /// (the bindings it recorded) on other streams, and mark them used by it.
+    fn replay_holding(
+        &mut self,
+        exec: Raw<sys::CUgraphExec>,
+        stream: StreamId,
+        holds: &[Binding],
+    ) -> Result<(), ServerError> {
+        let refs: Vec<&Binding> = holds.iter().collect();
+        self.order_after(stream, &refs)?;
+        let raw = self.stream(stream)?.raw;
+        // SAFETY: the executable graph and the stream are alive; the graph's memory is kept
+        // alive by `holds`.
+        unsafe { result::graph::launch(exec.0, raw.0) }.check("cuGraphLaunch")?;
+        self.mark(stream, &refs, None)
+    }
+
     fn dynamic_count(
         &mut self,
         binding: &Binding,
@@ -1625,8 +1646,10 @@ impl ComputeServer for CudaServer {
     fn graph_replay(&mut self, graph: GraphId, stream: StreamId) -> Result<(), ServerError> {
         self.settle()?;
         self.ensure_not_capturing(stream, "graph replay")?;
-        let (exec, holds) = match self.graphs.get(&graph) {
-            Some(g) if g.stream == stream => (g.exec.0, g.holds.clone()),
+        // The holds are taken out for the replay (not cloned: one per recorded binding) and put
+        // back below.
+        let (exec, holds) = match self.graphs.get_mut(&graph) {
+            Some(g) if g.stream == stream => (g.exec.0, core::mem::take(&mut g.holds)),
             Some(g) => {
                 return Err(ServerError::InvalidArgument(format!(
                     "graph {graph:?} was captured on {} and replays there, not on {stream}",
@@ -1639,12 +1662,11 @@ impl ComputeServer for CudaServer {
                 )));
             }
         };
-        let refs: Vec<&Binding> = holds.iter().collect();
-        self.order_after(stream, &refs)?;
-        let raw = self.stream(stream)?.raw;
-        // SAFETY: the executable graph and the stream are alive.
-        unsafe { result::graph::launch(exec.0, raw.0) }.check("cuGraphLaunch")?;
-        self.mark(stream, &refs, None)
+        let result = self.replay_holding(exec, stream, &holds);
+        if let Some(g) = self.graphs.get_mut(&graph) {
+            g.holds = holds;
+        }
+        result
     }
 
     fn graph_release(&mut self, graph: GraphId) {

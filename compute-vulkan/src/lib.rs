@@ -37,6 +37,7 @@ mod collective;
 mod context;
 mod descriptors;
 mod device;
+mod guard;
 mod kernel;
 mod ops;
 mod pipeline;

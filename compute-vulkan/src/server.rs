@@ -35,6 +35,7 @@ use crate::collective::{Collectives, Round};
 use crate::context::Context;
 use crate::descriptors::{DescriptorCache, Range};
 use crate::device::{VulkanDevice, device_count};
+use crate::guard::{GUARD_BYTES, IndirectGuard, cleared_status, guard_kernel};
 use crate::kernel::VulkanKernel;
 use crate::ops::Rec;
 use crate::pipeline::{Pipeline, PipelineCache};
@@ -196,6 +197,8 @@ pub struct VulkanServer {
     /// Bindings resolved lately (repeated launches skip the pool and block lookups).
     resolved: [(Option<ResolveKey>, VulkanResource); RESOLVED],
     next_resolved: usize,
+    /// The indirect dispatch guard, made at the first launch with a dynamic cube count.
+    guard: Option<IndirectGuard>,
 }
 
 /// Placeholder of unused [`ResolveKey`] slots.
@@ -305,11 +308,13 @@ impl VulkanServer {
         let limits = *ctx.limits();
         let bind_align = limits.min_storage_buffer_offset_alignment.max(4);
         let slice_align = bind_align.max(16);
+        // Rounded down to the slice alignment: the pools pad a request to it, and every size up
+        // to the reported maximum must allocate.
         let max_block = u64::from(limits.max_storage_buffer_range)
             .min(ctx.max_buffer_size)
             .min(ctx.max_memory_allocation_size)
-            / 4
-            * 4;
+            / slice_align
+            * slice_align;
         let timestamps = ctx.timestamp_valid_bits > 0 && limits.timestamp_period > 0.0;
         let props = ctx.properties;
         let info = VulkanInfo {
@@ -411,25 +416,93 @@ impl VulkanServer {
             captures: 0,
             resolved: [(None, NO_RESOURCE); RESOLVED],
             next_resolved: 0,
+            guard: None,
             ctx,
         })
     }
 
-    /// An allocation larger than one block can be is an error naming the Vulkan limits.
+    /// Run the indirect guard (see [`crate::guard`]) over the dynamic count `binding` on
+    /// `stream`: the binding of the guarded count, to dispatch from.
+    fn guard_count(&mut self, binding: Binding, stream: StreamId) -> Result<Binding, ServerError> {
+        if self.guard.is_none() {
+            self.ensure_not_capturing(
+                stream,
+                "the first launch with a dynamic cube count (it makes the count guard's buffers)",
+            )?;
+            let owner = self.owner;
+            let memory = &mut self.stream(stream)?.memory;
+            let args = Handle::new(memory.reserve(GUARD_BYTES)?, owner, stream);
+            let status = Handle::new(memory.reserve(GUARD_BYTES)?, owner, stream);
+            self.write(
+                vec![(status.clone().copy_descriptor_bytes(), cleared_status())],
+                stream,
+            )?;
+            self.guard = Some(IndirectGuard {
+                kernel: guard_kernel().into(),
+                args,
+                status,
+                unread: false,
+            });
+        }
+        let Some(guard) = self.guard.as_mut() else {
+            unreachable!("made just above")
+        };
+        guard.unread = true;
+        let (kernel, args) = (guard.kernel.clone(), guard.args.clone());
+        let max = self.properties.hardware.max_cube_count;
+        let arguments = KernelArguments::new()
+            .buffer(binding)
+            .buffer(args.clone().binding())
+            .buffer(guard.status.clone().binding())
+            .scalar(max[0])
+            .scalar(max[1])
+            .scalar(max[2]);
+        // SAFETY: a bounds-checked launch of the guard, whose buffers hold the 3 and 4 words it
+        // reads and writes.
+        unsafe {
+            self.launch(
+                kernel,
+                CubeCount::Static(1, 1, 1),
+                arguments,
+                ExecutionMode::Checked,
+                stream,
+            )?;
+        }
+        Ok(args.binding())
+    }
+
+    /// When an indirect launch was recorded since the status was last read: a read of the
+    /// guard's status, and a write clearing it after the read.
+    fn read_guard_status(
+        &mut self,
+        stream: StreamId,
+    ) -> Option<DynFut<Result<Vec<Bytes>, ServerError>>> {
+        let guard = self.guard.as_mut()?;
+        if !guard.unread {
+            return None;
+        }
+        guard.unread = false;
+        let status = guard.status.clone();
+        let read = self.read(vec![status.clone().copy_descriptor_bytes()], stream);
+        if let Err(e) = self.write(
+            vec![(status.copy_descriptor_bytes(), cleared_status())],
+            stream,
+        ) {
+            self.errors.lock().push_back(e);
+        }
+        Some(read)
+    }
+
+    /// An allocation larger than one block can be (the least of maxStorageBufferRange,
+    /// maxBufferSize and maxMemoryAllocationSize, rounded down to the slice alignment) is
+    /// [`ServerError::BufferTooLarge`].
     fn check_size(&self, size: u64) -> Result<(), ServerError> {
         if size <= self.max_block {
             return Ok(());
         }
-        let limits = self.ctx.limits();
-        Err(ServerError::OutOfMemory {
+        Err(ServerError::BufferTooLarge {
             requested: size,
-            reason: format!(
-                "larger than the largest buffer a Vulkan kernel can bind on this device ({} bytes: the least of maxStorageBufferRange = {}, maxBufferSize = {}, maxMemoryAllocationSize = {})",
-                self.max_block,
-                limits.max_storage_buffer_range,
-                self.ctx.max_buffer_size,
-                self.ctx.max_memory_allocation_size
-            ),
+            maximum: self.max_block,
         })
     }
 
@@ -896,6 +969,21 @@ fn push_block<'a>(
     dst
 }
 
+/// The over-limit count the indirect guard recorded in its status (read back as `bytes`), as the
+/// error to report, if it recorded one.
+fn guard_error(bytes: &[Bytes], maximum: [u32; 3]) -> Option<ServerError> {
+    let raw = bytes.first()?.to_vec();
+    let word =
+        |i: usize| u32::from_le_bytes([raw[4 * i], raw[4 * i + 1], raw[4 * i + 2], raw[4 * i + 3]]);
+    (raw.len() >= GUARD_BYTES as usize && word(0) != 0).then(|| {
+        compute_core::error::LaunchError::CubeCountTooLarge {
+            count: [word(1), word(2), word(3)],
+            maximum,
+        }
+        .into()
+    })
+}
+
 /// Record the dispatch itself (after the pipeline and its descriptors).
 fn record_count(rec: &mut Rec<'_>, count: DispatchCount) {
     match count {
@@ -1026,6 +1114,12 @@ impl ComputeServer for VulkanServer {
         descriptors: Vec<CopyDescriptor>,
         stream: StreamId,
     ) -> DynFut<Result<Vec<Bytes>, ServerError>> {
+        // Read before the data (the status read takes a queued error first); cleared after.
+        let guard = match self.ensure_not_capturing(stream, "read") {
+            Ok(()) => self.read_guard_status(stream),
+            Err(_) => None,
+        };
+        let maximum = self.properties.hardware.max_cube_count;
         let prepared = (|| {
             self.ensure_not_capturing(stream, "read")?;
             self.take_error()?;
@@ -1066,6 +1160,11 @@ impl ComputeServer for VulkanServer {
             Err(e) => return ready(Err(e)),
         };
         Box::pin(async move {
+            if let Some(read) = guard
+                && let Some(e) = guard_error(&read.await?, maximum)
+            {
+                return Err(e);
+            }
             pending.ctx.wait(pending.value)?;
             let mut out = Vec::with_capacity(pending.parts.len());
             for part in &pending.parts {
@@ -1123,6 +1222,12 @@ impl ComputeServer for VulkanServer {
         // its pipeline is made.
         def.check_arguments(&arguments)?;
         count.check(&self.properties.hardware)?;
+        // A dynamic count is dispatched through the guard: over the limits, nothing runs and
+        // the next sync reports it.
+        let count = match count {
+            CubeCount::Dynamic(binding) => CubeCount::Dynamic(self.guard_count(binding, stream)?),
+            other => other,
+        };
         let mut keep: Vec<Binding> = Vec::new();
         let capturing = self.captures > 0 && self.capturing(stream);
         let (count, empty) = match count {
@@ -1221,6 +1326,7 @@ impl ComputeServer for VulkanServer {
         if let Err(e) = self.ensure_not_capturing(stream, "sync") {
             return ready(Err(e));
         }
+        let guard = self.read_guard_status(stream);
         let value = match self.submit_or_last() {
             Ok(v) => v,
             Err(e) => return ready(Err(e)),
@@ -1229,8 +1335,20 @@ impl ComputeServer for VulkanServer {
         self.cache.maybe_save();
         let ctx = self.ctx.clone();
         let errors = self.errors.clone();
+        let maximum = self.properties.hardware.max_cube_count;
         Box::pin(async move {
             ctx.wait(value)?;
+            if let Some(read) = guard {
+                match read.await {
+                    Ok(bytes) => {
+                        if let Some(e) = guard_error(&bytes, maximum) {
+                            errors.lock().push_back(e);
+                        }
+                    }
+                    // An error queued before, taken by the read: first again.
+                    Err(e) => errors.lock().push_front(e),
+                }
+            }
             match compute_core::error::take_first(&mut errors.lock()) {
                 Some(e) => Err(e),
                 None => Ok(()),
@@ -1337,6 +1455,10 @@ impl ComputeServer for VulkanServer {
 
     fn graph_replay(&mut self, graph: GraphId, stream: StreamId) -> Result<(), ServerError> {
         self.ensure_not_capturing(stream, "graph replay")?;
+        // A graph may hold guarded indirect launches: read the guard's status at the next sync.
+        if let Some(guard) = &mut self.guard {
+            guard.unread = true;
+        }
         let cb = match self.graphs.get(&graph) {
             Some(g) if g.stream == stream => g.cb,
             Some(g) => {

@@ -90,6 +90,12 @@ pub(crate) enum Command {
         count: u32,
         dst: wgpu::Buffer,
     },
+    /// Zero `size` bytes of `buffer` from `offset` on.
+    Clear {
+        buffer: wgpu::Buffer,
+        offset: u64,
+        size: u64,
+    },
 }
 
 /// The commands recorded since the last submission, with the arenas their launches point into.
@@ -166,8 +172,102 @@ impl Batch {
     }
 }
 
-/// Bytes of one indirect dispatch slot.
-const INDIRECT_SLOT: u64 = 16;
+/// Bytes of one indirect dispatch slot before rounding up to the storage offset alignment: the
+/// count as read (3 x u32 and a pad word), then the count dispatched (3 x u32 and a pad word).
+const INDIRECT_SLOT: u64 = 32;
+
+/// Byte offset of the dispatched count in an indirect slot.
+const INDIRECT_ARGS: u64 = 16;
+
+/// Bytes of the guard's status buffer: a flag, then the first over-limit count seen.
+pub(crate) const GUARD_STATUS_BYTES: u64 = 16;
+
+/// The WGSL of the indirect guard: copies the count read from the caller's buffer to the
+/// dispatched count, or zero (an empty dispatch) when an axis is over the device's limit and none
+/// is zero, and then records the count in the status buffer (the first one since it was cleared).
+/// wgpu's own indirect validation (`InstanceFlags::VALIDATION_INDIRECT_CALL`) also turns such
+/// counts into empty dispatches, but reports nothing: the runtime must queue an error.
+fn guard_source(max: [u32; 3]) -> String {
+    format!(
+        "@group(0) @binding(0) var<storage, read_write> slot: array<u32, 8>;
+@group(0) @binding(1) var<storage, read_write> status: array<u32, 4>;
+@compute @workgroup_size(1)
+fn main() {{
+    let x = slot[0];
+    let y = slot[1];
+    let z = slot[2];
+    let empty = x == 0u || y == 0u || z == 0u;
+    if (!empty && (x > {}u || y > {}u || z > {}u)) {{
+        slot[4] = 0u;
+        slot[5] = 0u;
+        slot[6] = 0u;
+        if (status[0] == 0u) {{
+            status[0] = 1u;
+            status[1] = x;
+            status[2] = y;
+            status[3] = z;
+        }}
+    }} else {{
+        slot[4] = x;
+        slot[5] = y;
+        slot[6] = z;
+    }}
+}}
+",
+        max[0], max[1], max[2]
+    )
+}
+
+/// The pipeline that guards indirect dispatches (see [`guard_source`]), and its status buffer.
+struct Guard {
+    pipeline: wgpu::ComputePipeline,
+    layout: wgpu::BindGroupLayout,
+    status: wgpu::Buffer,
+}
+
+impl Guard {
+    fn new(device: &wgpu::Device, max: [u32; 3], status: wgpu::Buffer) -> Self {
+        let storage = |binding, dynamic, size| wgpu::BindGroupLayoutEntry {
+            binding,
+            visibility: wgpu::ShaderStages::COMPUTE,
+            ty: wgpu::BindingType::Buffer {
+                ty: wgpu::BufferBindingType::Storage { read_only: false },
+                has_dynamic_offset: dynamic,
+                min_binding_size: wgpu::BufferSize::new(size),
+            },
+            count: None,
+        };
+        let layout = device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+            label: Some("compute-wgpu indirect guard"),
+            entries: &[
+                storage(0, true, INDIRECT_SLOT),
+                storage(1, false, GUARD_STATUS_BYTES),
+            ],
+        });
+        let pipeline_layout = device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+            label: Some("compute-wgpu indirect guard"),
+            bind_group_layouts: &[Some(&layout)],
+            immediate_size: 0,
+        });
+        let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
+            label: Some("compute-wgpu indirect guard"),
+            source: wgpu::ShaderSource::Wgsl(guard_source(max).into()),
+        });
+        let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+            label: Some("compute-wgpu indirect guard"),
+            layout: Some(&pipeline_layout),
+            module: &module,
+            entry_point: Some("main"),
+            compilation_options: wgpu::PipelineCompilationOptions::default(),
+            cache: None,
+        });
+        Self {
+            pipeline,
+            layout,
+            status,
+        }
+    }
+}
 
 /// Initial size of the launch info buffer; it grows (by powers of two) when a batch needs more.
 const INFO_BUFFER_SIZE: u64 = 64 << 10;
@@ -232,6 +332,7 @@ pub(crate) struct Encoder {
     offsets: Vec<u32>,
     groups: HashMap<GroupKey, wgpu::BindGroup>,
     freed: FreedBuffers,
+    guard: Guard,
 }
 
 fn info_buffer(device: &wgpu::Device, size: u64) -> wgpu::Buffer {
@@ -245,8 +346,16 @@ fn info_buffer(device: &wgpu::Device, size: u64) -> wgpu::Buffer {
 
 impl Encoder {
     /// An encoder for `device`; `alignment` is the storage offset alignment, `freed` where the
-    /// storage reports dropped blocks.
-    pub(crate) fn new(device: &wgpu::Device, alignment: u64, freed: FreedBuffers) -> Self {
+    /// storage reports dropped blocks, `max_count` the device's cube count limits and `status`
+    /// the buffer (of [`GUARD_STATUS_BYTES`], zeroed) where indirect dispatches over them are
+    /// recorded.
+    pub(crate) fn new(
+        device: &wgpu::Device,
+        alignment: u64,
+        freed: FreedBuffers,
+        max_count: [u32; 3],
+        status: wgpu::Buffer,
+    ) -> Self {
         Self {
             alignment,
             info: info_buffer(device, INFO_BUFFER_SIZE),
@@ -255,6 +364,7 @@ impl Encoder {
             offsets: Vec::new(),
             groups: HashMap::new(),
             freed,
+            guard: Guard::new(device, max_count, status),
         }
     }
 
@@ -413,13 +523,37 @@ impl Encoder {
     ) -> Result<wgpu::CommandBuffer, ServerError> {
         self.prune();
         self.write_info(device, queue, batch);
+        // Every indirect launch gets a slot: its count is copied in, checked against the
+        // device's limits by the guard pipeline, and dispatched from the slot.
+        let slot_size = INDIRECT_SLOT.next_multiple_of(self.alignment);
         let indirect = (batch.indirect > 0).then(|| {
-            device.create_buffer(&wgpu::BufferDescriptor {
+            let buffer = device.create_buffer(&wgpu::BufferDescriptor {
                 label: Some("compute-wgpu indirect counts"),
-                size: batch.indirect as u64 * INDIRECT_SLOT,
-                usage: wgpu::BufferUsages::INDIRECT | wgpu::BufferUsages::COPY_DST,
+                size: batch.indirect as u64 * slot_size,
+                usage: wgpu::BufferUsages::INDIRECT
+                    | wgpu::BufferUsages::COPY_DST
+                    | wgpu::BufferUsages::STORAGE,
                 mapped_at_creation: false,
-            })
+            });
+            let group = device.create_bind_group(&wgpu::BindGroupDescriptor {
+                label: Some("compute-wgpu indirect guard"),
+                layout: &self.guard.layout,
+                entries: &[
+                    wgpu::BindGroupEntry {
+                        binding: 0,
+                        resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                            buffer: &buffer,
+                            offset: 0,
+                            size: wgpu::BufferSize::new(INDIRECT_SLOT),
+                        }),
+                    },
+                    wgpu::BindGroupEntry {
+                        binding: 1,
+                        resource: self.guard.status.as_entire_binding(),
+                    },
+                ],
+            });
+            (buffer, group)
         });
 
         let mut encoder = device.create_command_encoder(&wgpu::CommandEncoderDescriptor {
@@ -450,16 +584,21 @@ impl Encoder {
                         group_number += 1;
                     }
                     if let DispatchCount::Dynamic { buffer, offset } = &d.count
-                        && let Some(indirect) = &indirect
+                        && let Some((indirect, guard_group)) = &indirect
                     {
                         drop(pass.take());
                         encoder.copy_buffer_to_buffer(
                             buffer,
                             *offset,
                             indirect,
-                            slot * INDIRECT_SLOT,
+                            slot * slot_size,
                             Some(12),
                         );
+                        let mut guard =
+                            encoder.begin_compute_pass(&wgpu::ComputePassDescriptor::default());
+                        guard.set_pipeline(&self.guard.pipeline);
+                        guard.set_bind_group(0, guard_group, &[(slot * slot_size) as u32]);
+                        guard.dispatch_workgroups(1, 1, 1);
                     }
                     let p = match &mut pass {
                         Some(p) => p,
@@ -486,8 +625,11 @@ impl Encoder {
                     }
                     match (&d.count, &indirect) {
                         (DispatchCount::Static([x, y, z]), _) => p.dispatch_workgroups(*x, *y, *z),
-                        (DispatchCount::Dynamic { .. }, Some(indirect)) => {
-                            p.dispatch_workgroups_indirect(indirect, slot * INDIRECT_SLOT);
+                        (DispatchCount::Dynamic { .. }, Some((indirect, _))) => {
+                            p.dispatch_workgroups_indirect(
+                                indirect,
+                                slot * slot_size + INDIRECT_ARGS,
+                            );
                             slot += 1;
                         }
                         (DispatchCount::Dynamic { .. }, None) => {
@@ -513,6 +655,14 @@ impl Encoder {
                 Command::Resolve { set, count, dst } => {
                     drop(pass.take());
                     encoder.resolve_query_set(set, 0..*count, dst, 0);
+                }
+                Command::Clear {
+                    buffer,
+                    offset,
+                    size,
+                } => {
+                    drop(pass.take());
+                    encoder.clear_buffer(buffer, *offset, Some(*size));
                 }
             }
         }

@@ -28,7 +28,8 @@ use compute_core::{
 use hashbrown::HashMap;
 
 use crate::batch::{
-    Batch, BoundBuffer, Command, Dispatch, DispatchCount, Encoder, FreedBuffers, Pipeline,
+    Batch, BoundBuffer, Command, Dispatch, DispatchCount, Encoder, FreedBuffers,
+    GUARD_STATUS_BYTES, Pipeline,
 };
 use crate::collective::{Collectives, Round};
 use crate::compiler::{self, HEADER_WORDS, ShaderCapabilities};
@@ -189,6 +190,12 @@ pub struct WgpuServer {
     graphs: HashMap<GraphId, WgpuGraph>,
     profiles: ProfileTable<wgpu::QuerySet>,
     errors: ErrorQueue,
+    /// Where the indirect guard records a dynamic cube count over the device's limits (see
+    /// `batch::guard_source`): read and cleared by the next sync or read after an indirect
+    /// launch.
+    guard_status: wgpu::Buffer,
+    /// Whether an indirect launch was recorded since the guard status was last read.
+    guard_unread: bool,
     collectives: Collectives,
     /// Dropped before the poll thread: it holds one of its waiters.
     submitter: Submitter,
@@ -244,7 +251,61 @@ pub(crate) fn write_part(
     })
 }
 
+/// The bytes of a write that fall into 4-byte words it covers only partly, by word offset in the
+/// buffer: `(first byte in the word, start in the host data, length)` for each piece.
+pub(crate) type EdgeWords = std::collections::BTreeMap<u64, Vec<(usize, usize, usize)>>;
+
+/// Plan the write of `len` bytes (from byte `from` of the host data) at `offset` bytes into
+/// `target`, changing exactly those bytes: the whole 4-byte words it covers go into `parts`
+/// (`queue.write_buffer` needs a 4-byte aligned offset and length), the words it covers only
+/// partly (an unaligned head or tail) into `edges`, to be merged with the buffer's contents.
+pub(crate) fn plan_write(
+    target: &WgpuResource,
+    offset: u64,
+    from: usize,
+    len: usize,
+    parts: &mut Vec<WritePart>,
+    edges: &mut EdgeWords,
+) {
+    if len == 0 {
+        return;
+    }
+    let start = target.offset + offset;
+    let end = start + len as u64;
+    let (lo, hi) = (start.next_multiple_of(4), end / 4 * 4);
+    if lo < hi {
+        let n = (hi - lo) as usize;
+        parts.push(WritePart {
+            at: lo,
+            from: from + (lo - start) as usize,
+            len: n,
+            padded: n,
+        });
+    }
+    let mut edge = |word: u64| {
+        let (a, b) = (start.max(word), end.min(word + 4));
+        edges.entry(word).or_default().push((
+            (a - word) as usize,
+            from + (a - start) as usize,
+            (b - a) as usize,
+        ));
+    };
+    let head = start / 4 * 4;
+    let unaligned_start = !start.is_multiple_of(4);
+    if unaligned_start {
+        edge(head);
+    }
+    let tail = end / 4 * 4;
+    // An unaligned tail in the head's word was covered with the head.
+    let tail_in_head = unaligned_start && tail == head;
+    if !end.is_multiple_of(4) && !tail_in_head {
+        edge(tail);
+    }
+}
+
 /// Write `data` at `offset` bytes into `target` with `queue.write_buffer` (see [`write_part`]).
+/// Only the host collectives use it: a length not a multiple of 4 zero-fills the rest of its last
+/// word. `ComputeServer::write` changes exactly the bytes given (see [`plan_write`]).
 pub(crate) fn write_padded(
     queue: &wgpu::Queue,
     target: &WgpuResource,
@@ -317,10 +378,20 @@ impl WgpuServer {
             server: NEXT_SERVER.fetch_add(1, core::sync::atomic::Ordering::Relaxed),
         };
         let freed = FreedBuffers::default();
+        let guard_status = device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("compute-wgpu indirect guard status"),
+            size: GUARD_STATUS_BYTES,
+            usage: wgpu::BufferUsages::STORAGE
+                | wgpu::BufferUsages::COPY_SRC
+                | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
         let encoder = Encoder::new(
             &device,
             u64::from(limits.min_storage_buffer_offset_alignment).max(4),
             freed.clone(),
+            properties.hardware.max_cube_count,
+            guard_status.clone(),
         );
         let poller = Poller::spawn(
             device.clone(),
@@ -361,10 +432,41 @@ impl WgpuServer {
             graphs: HashMap::new(),
             profiles: ProfileTable::default(),
             errors,
+            guard_status,
+            guard_unread: false,
             collectives: Collectives::default(),
             submitter,
             poller,
         })
+    }
+
+    /// When an indirect launch was recorded since the last look: record a copy of the guard's
+    /// status into a readback buffer and clear it, to be read once the batch completed (see
+    /// [`guard_error`]).
+    fn stage_guard_status(&mut self) -> Option<wgpu::Buffer> {
+        if !self.guard_unread {
+            return None;
+        }
+        self.guard_unread = false;
+        let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("compute-wgpu guard status readback"),
+            size: GUARD_STATUS_BYTES,
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        self.push(Command::Copy {
+            src: self.guard_status.clone(),
+            src_offset: 0,
+            dst: staging.clone(),
+            dst_offset: 0,
+            size: GUARD_STATUS_BYTES,
+        });
+        self.push(Command::Clear {
+            buffer: self.guard_status.clone(),
+            offset: 0,
+            size: GUARD_STATUS_BYTES,
+        });
+        Some(staging)
     }
 
     /// The wgpu device behind this server.
@@ -716,6 +818,58 @@ impl WgpuServer {
 
     /// Record a copy of `len` bytes of `source` into a fresh staging buffer: the buffer and the
     /// offset of the first byte in it.
+    /// The 4-byte words `edges` of `buffer` as they are after every command and write issued so
+    /// far, with the pieces of `data` the edges name written over them. The server issues
+    /// nothing in between, so writing the merged words back changes exactly the written bytes.
+    fn merge_edges(
+        &mut self,
+        buffer: &wgpu::Buffer,
+        edges: &EdgeWords,
+        data: &[u8],
+    ) -> Result<Vec<(u64, [u8; 4])>, ServerError> {
+        let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("compute-wgpu partial words"),
+            size: 4 * edges.len() as u64,
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        for (k, &word) in edges.keys().enumerate() {
+            self.push(Command::Copy {
+                src: buffer.clone(),
+                src_offset: word,
+                dst: staging.clone(),
+                dst_offset: 4 * k as u64,
+                size: 4,
+            });
+        }
+        let index = self.submit_always()?;
+        let mapped = map_read(&staging);
+        wait_for(&self.device, index)?;
+        compute_core::block_on(mapped)
+            .ok_or_else(gone)?
+            .map_err(|e| ServerError::Driver(format!("mapping a readback buffer: {e}")))?;
+        let words = {
+            let view = staging
+                .slice(..)
+                .get_mapped_range()
+                .map_err(|e| ServerError::Driver(format!("reading a readback buffer: {e}")))?;
+            edges
+                .iter()
+                .enumerate()
+                .map(|(k, (&at, pieces))| {
+                    let mut word = [0u8; 4];
+                    word.copy_from_slice(&view[4 * k..4 * k + 4]);
+                    for &(first, src, n) in pieces {
+                        word[first..first + n].copy_from_slice(&data[src..src + n]);
+                    }
+                    (at, word)
+                })
+                .collect()
+        };
+        staging.unmap();
+        Ok(words)
+    }
+
     fn stage_read(
         &mut self,
         source: &WgpuResource,
@@ -764,6 +918,34 @@ fn wait_for(device: &wgpu::Device, index: wgpu::SubmissionIndex) -> Result<(), S
         .map_err(|e| ServerError::Driver(format!("waiting for the wgpu device: {e}")))
 }
 
+/// The error of the over-limit count the guard recorded in `staging` (a copy of its status,
+/// mapped by `mapped`), if it recorded one.
+async fn guard_error(
+    staging: wgpu::Buffer,
+    mapped: compute_core::future::Receiver<Result<(), wgpu::BufferAsyncError>>,
+    maximum: [u32; 3],
+) -> Result<Option<ServerError>, ServerError> {
+    mapped
+        .await
+        .ok_or_else(gone)?
+        .map_err(|e| ServerError::Driver(format!("mapping the indirect guard status: {e}")))?;
+    let status: [u32; 4] = {
+        let view = staging
+            .slice(..)
+            .get_mapped_range()
+            .map_err(|e| ServerError::Driver(format!("reading the indirect guard status: {e}")))?;
+        bytemuck::pod_read_unaligned(&view[..16])
+    };
+    staging.unmap();
+    Ok((status[0] != 0).then(|| {
+        compute_core::error::LaunchError::CubeCountTooLarge {
+            count: [status[1], status[2], status[3]],
+            maximum,
+        }
+        .into()
+    }))
+}
+
 fn gone() -> ServerError {
     ServerError::Driver("the wgpu poll thread stopped before answering".into())
 }
@@ -776,9 +958,13 @@ fn properties(
     timestamps: bool,
     alignment: u64,
 ) -> DeviceProperties {
+    // Rounded down to the slice alignment: every size up to it allocates (the pools pad a
+    // request to the alignment, and a padded request must still fit one buffer).
     let max_page = limits
         .max_buffer_size
-        .min(limits.max_storage_buffer_binding_size);
+        .min(limits.max_storage_buffer_binding_size)
+        / alignment
+        * alignment;
     DeviceProperties {
         name: format!(
             "wgpu:{} {} ({:?})",
@@ -847,14 +1033,13 @@ impl ComputeServer for WgpuServer {
     ) -> Result<Vec<MemoryLayout>, ServerError> {
         let packed = pack_tensors(descriptors, self.alignment, None)?;
         let total = packed.total();
-        let bindable = self.info.limits.max_storage_buffer_binding_size;
-        if total > bindable {
-            return Err(ServerError::OutOfMemory {
+        // One buffer of at most max_page_size (the least of max_buffer_size and
+        // max_storage_buffer_binding_size, rounded down to the alignment).
+        let maximum = self.properties.memory.max_page_size;
+        if total > maximum {
+            return Err(ServerError::BufferTooLarge {
                 requested: total,
-                reason: format!(
-                    "larger than the wgpu device can bind: max_storage_buffer_binding_size = {bindable} bytes (max_buffer_size = {})",
-                    self.info.limits.max_buffer_size
-                ),
+                maximum,
             });
         }
         let owner = self.owner;
@@ -884,8 +1069,9 @@ impl ComputeServer for WgpuServer {
                 continue;
             }
             let mut parts = Vec::new();
+            let mut edges = EdgeWords::new();
             if is_contiguous(&descriptor.shape, &descriptor.strides) {
-                parts.push(write_part(&target, 0, 0, bytes.len())?);
+                plan_write(&target, 0, 0, bytes.len(), &mut parts, &mut edges);
             } else {
                 let mut rows = Vec::new();
                 for_each_row(
@@ -897,13 +1083,28 @@ impl ComputeServer for WgpuServer {
                     },
                 );
                 for (strided, compact, len) in rows {
-                    parts.push(write_part(&target, strided as u64, compact, len)?);
+                    plan_write(
+                        &target,
+                        strided as u64,
+                        compact,
+                        len,
+                        &mut parts,
+                        &mut edges,
+                    );
                 }
             }
+            // Words the write covers only partly are merged with what the buffer holds after
+            // the work issued before (a round trip, for unaligned heads and tails only).
+            let words = if edges.is_empty() {
+                Vec::new()
+            } else {
+                self.merge_edges(&target.buffer, &edges, bytes.try_as_slice()?)?
+            };
             // `write_buffer` lands before the next submission: the batch recorded so far goes
             // first, then the write, both on the submit thread (which also frees the bytes).
             self.submit()?;
-            self.submitter.write(target.buffer.clone(), parts, bytes)?;
+            self.submitter
+                .write(target.buffer.clone(), parts, words, bytes)?;
         }
         Ok(())
     }
@@ -932,14 +1133,20 @@ impl ComputeServer for WgpuServer {
                     staged.push(Some((buffer, delta as usize, span)));
                 }
             }
+            let guard = self.stage_guard_status();
             self.idle();
             let index = self.submit_indexed(false)?;
-            Ok::<_, ServerError>((staged, index))
+            let guard = guard.map(|staging| {
+                let mapped = map_read(&staging);
+                (staging, mapped)
+            });
+            Ok::<_, ServerError>((staged, index, guard))
         })();
-        let (staged, index) = match prepared {
+        let (staged, index, guard) = match prepared {
             Ok(p) => p,
             Err(e) => return ready(Err(e)),
         };
+        let maximum = self.properties.hardware.max_cube_count;
         let parts: Vec<ReadPart> = staged
             .into_iter()
             .zip(descriptors)
@@ -959,6 +1166,11 @@ impl ComputeServer for WgpuServer {
             // The maps complete during this wait (their callbacks run on the polling thread).
             if let Some(index) = index {
                 wait_for(&device, index)?;
+            }
+            if let Some((staging, mapped)) = guard
+                && let Some(e) = guard_error(staging, mapped, maximum).await?
+            {
+                return Err(e);
             }
             let mut out = Vec::with_capacity(parts.len());
             for part in parts {
@@ -1049,6 +1261,9 @@ impl ComputeServer for WgpuServer {
             CubeCount::Dynamic(binding) => {
                 let resource = self.resolve(&binding)?;
                 bindings.push(binding);
+                // Recorded now or by a graph's replay: the guard's status is read from the next
+                // sync or read on (a replay sets this again).
+                self.guard_unread |= !capturing;
                 (
                     DispatchCount::Dynamic {
                         buffer: resource.buffer,
@@ -1108,6 +1323,7 @@ impl ComputeServer for WgpuServer {
         if let Err(e) = self.ensure_not_capturing(stream, "sync") {
             return ready(Err(e));
         }
+        let guard = self.stage_guard_status();
         let index = match self.submit_always() {
             Ok(index) => index,
             Err(e) => return ready(Err(e)),
@@ -1115,12 +1331,22 @@ impl ComputeServer for WgpuServer {
         if let Err(e) = self.submitter.prune() {
             return ready(Err(e));
         }
+        let guard = guard.map(|staging| {
+            let mapped = map_read(&staging);
+            (staging, mapped)
+        });
+        let maximum = self.properties.hardware.max_cube_count;
         let device = self.device.clone();
         let errors = self.errors.clone();
         Box::pin(async move {
             // Waited for here, on the caller's thread, not through the poll thread: one thread
             // hop less per sync. The wait blocks in the driver; it does not spin.
             wait_for(&device, index)?;
+            if let Some((staging, mapped)) = guard
+                && let Some(e) = guard_error(staging, mapped, maximum).await?
+            {
+                errors.lock().push_back(e);
+            }
             match compute_core::error::take_first(&mut errors.lock()) {
                 Some(e) => Err(e),
                 None => Ok(()),
@@ -1208,6 +1434,7 @@ impl ComputeServer for WgpuServer {
             }
         };
         for launch in &launches {
+            self.guard_unread |= matches!(launch.count, DispatchCount::Dynamic { .. });
             self.batch.push_dispatch(launch);
             self.submit_if_full()?;
         }

@@ -68,10 +68,11 @@ enum Job {
         always: bool,
         reply: Option<IndexReply>,
     },
-    /// Write parts of `bytes` into `buffer`.
+    /// Write parts of `bytes`, then whole 4-byte `words` (at their offsets), into `buffer`.
     Write {
         buffer: wgpu::Buffer,
         parts: Vec<WritePart>,
+        words: Vec<(u64, [u8; 4])>,
         bytes: Bytes,
     },
     /// Drop cached bind groups of freed blocks.
@@ -176,16 +177,19 @@ impl Submitter {
         answer.recv().map_err(|_| stopped())?
     }
 
-    /// Write `parts` of `bytes` into `buffer` after everything handed over before.
+    /// Write `parts` of `bytes`, and the 4-byte `words` at their offsets, into `buffer` after
+    /// everything handed over before.
     pub(crate) fn write(
         &self,
         buffer: wgpu::Buffer,
         parts: Vec<WritePart>,
+        words: Vec<(u64, [u8; 4])>,
         bytes: Bytes,
     ) -> Result<(), ServerError> {
         self.send(Job::Write {
             buffer,
             parts,
+            words,
             bytes,
         })
     }
@@ -251,11 +255,15 @@ impl Worker {
             Job::Write {
                 buffer,
                 parts,
+                words,
                 bytes,
             } => {
                 let data = bytes.try_as_slice()?;
                 for part in parts {
                     part.apply(&self.queue, &buffer, &data[part.from..part.from + part.len]);
+                }
+                for (at, word) in words {
+                    self.queue.write_buffer(&buffer, at, &word);
                 }
                 // `write_buffer` has copied the bytes out: a large buffer is freed on the poll
                 // thread, not before the jobs queued behind this one.

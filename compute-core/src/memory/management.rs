@@ -147,12 +147,12 @@ impl<S: ComputeStorage> MemoryManagement<S> {
 
     /// Which pool serves a request of `size` bytes, and its padded size.
     fn route(&self, size: u64) -> Result<(Target, u64), ServerError> {
-        let max = self.props.max_page_size;
-        let too_large = || ServerError::OutOfMemory {
+        // The largest request whose padded size still fits one page (backends report an
+        // aligned `max_page_size`, so this is `max_page_size` itself).
+        let max = self.props.max_page_size / self.alignment * self.alignment;
+        let too_large = || ServerError::BufferTooLarge {
             requested: size,
-            reason: format!(
-                "larger than the device's maximum allocation (max_page_size = {max} bytes)"
-            ),
+            maximum: max,
         };
         let padded = self.padded(size).ok_or_else(too_large)?;
         if padded > max {
@@ -177,8 +177,9 @@ impl<S: ComputeStorage> MemoryManagement<S> {
     /// whose range is empty.
     ///
     /// # Errors
-    /// [`ServerError::OutOfMemory`] when the request is larger than the device's
-    /// `max_page_size`, or when the retry failed too; the manager stays usable.
+    /// [`ServerError::BufferTooLarge`] when the request is larger than the device's
+    /// `max_page_size` (rounded down to the alignment), [`ServerError::OutOfMemory`] when the
+    /// retry failed too; the manager stays usable.
     pub fn reserve(&mut self, size: u64) -> Result<SliceHandle, ServerError> {
         let (target, padded) = self.route(size)?;
         let (pool, storage) = self.split(target);

@@ -339,16 +339,24 @@ fn oom_is_an_error_and_the_manager_keeps_working() {
 }
 
 #[test]
-fn too_large_is_out_of_memory_without_storage_call() {
+fn too_large_is_buffer_too_large_without_storage_call() {
     let mut mm = manager(&small_layout());
     let err = mm.reserve(1 << 60).unwrap_err();
-    match err {
-        ServerError::OutOfMemory { requested, reason } => {
-            assert_eq!(requested, 1 << 60);
-            assert!(reason.contains("max_page_size"), "{reason}");
+    assert_eq!(
+        err,
+        ServerError::BufferTooLarge {
+            requested: 1 << 60,
+            maximum: 64 * MIB
         }
-        other => panic!("{other:?}"),
-    }
+    );
+    // The reported maximum itself allocates; one byte more is refused.
+    assert_eq!(
+        mm.reserve(64 * MIB + 1).unwrap_err(),
+        ServerError::BufferTooLarge {
+            requested: 64 * MIB + 1,
+            maximum: 64 * MIB
+        }
+    );
     assert!(mm.reserve(u64::MAX).is_err());
     assert_eq!(allocs(&mut mm), 0);
     // Larger than every pool but within the device limit: the implicit exclusive pool.

@@ -38,7 +38,42 @@ pub fn run(filter: &str) -> Vec<Row> {
         progress("wgpu copy kernel, upload and readback bandwidth (64 MiB)");
         rows.extend(bandwidth(&client, &raw));
     }
+    if wanted("write") {
+        progress("wgpu unaligned partial write + sync");
+        rows.push(unaligned_write(&client));
+    }
     rows
+}
+
+/// A 5-byte write at byte offset 1 (its head and tail words are merged with the buffer's
+/// contents: one device round trip) against an aligned 8-byte write (`queue.write_buffer`
+/// straight), each followed by a sync.
+fn unaligned_write(client: &ComputeClient<WgpuRuntime>) -> Row {
+    let handle = client.create(Bytes::from_vec(vec![0u8; 64]));
+    let unaligned = handle.clone().range(1, 5).expect("inside the handle");
+    let aligned = handle.clone().range(8, 8).expect("inside the handle");
+    let sync = || block_on(client.sync()).expect("sync");
+    let iters = 200;
+    let write = |target: &compute_core::Handle, len: usize| {
+        client.write(target, Bytes::from_vec(vec![7u8; len]));
+        sync();
+    };
+    write(&unaligned, 5);
+    write(&aligned, 8);
+    let (mut ours, mut base) = (f64::INFINITY, f64::INFINITY);
+    for _ in 0..5 {
+        ours = ours.min(best_per_call(1, iters, || write(&unaligned, 5)));
+        base = base.min(best_per_call(1, iters, || write(&aligned, 8)));
+    }
+    Row::new(
+        BACKEND,
+        "unaligned write+sync (5 bytes at offset 1, head/tail merged)",
+        ours * 1e6,
+        "us",
+        "ours, aligned write+sync (8 bytes at offset 8), alternating",
+        base * 1e6,
+        Better::Lower,
+    )
 }
 
 struct Raw {

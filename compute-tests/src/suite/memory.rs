@@ -96,14 +96,14 @@ pub fn allocation_that_cannot_fit_is_an_error<R: Runtime>(client: ComputeClient<
     let huge = 1usize << 60;
     let err = client.try_empty(huge).unwrap_err();
     assert!(
-        matches!(err, ServerError::OutOfMemory { requested, .. } if requested >= huge as u64),
+        matches!(err, ServerError::BufferTooLarge { requested, .. } if requested >= huge as u64),
         "{err:?}"
     );
     let handle = client.empty(huge);
     assert_eq!(handle.size(), 0);
     let queued = client.flush().unwrap_err();
     assert!(
-        matches!(queued, ServerError::OutOfMemory { .. }),
+        matches!(queued, ServerError::BufferTooLarge { .. }),
         "{queued:?}"
     );
     assert!(

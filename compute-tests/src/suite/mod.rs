@@ -2,6 +2,7 @@
 
 pub mod bad_input;
 pub mod collective;
+pub mod defects;
 pub mod devices;
 pub mod graph;
 pub mod honest;
@@ -136,6 +137,10 @@ macro_rules! for_each_test {
             profile::profile_measures_work,
             profile::measure_throughput_reports,
             profile::measure_launch_overhead_samples,
+            defects::writes_change_exactly_their_bytes,
+            defects::over_limit_dynamic_count_is_an_error,
+            defects::graph_keeps_recorded_buffers_alive,
+            defects::largest_buffer_allocates,
         );
     };
 }

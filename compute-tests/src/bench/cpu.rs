@@ -3,10 +3,10 @@
 use std::sync::mpsc;
 use std::time::Duration;
 
+use compute::cpu::{CpuDevice, CpuKernel, CpuRuntime, CpuStorage};
 use compute_core::kernel::KernelBuilder;
 use compute_core::storage::ComputeStorage;
 use compute_core::{Bytes, ComputeClient, CubeCount, KernelArguments, block_on};
-use compute_cpu::{CpuDevice, CpuKernel, CpuRuntime, CpuStorage};
 
 use super::timing::{best_per_call, calibrate, progress};
 use super::{Better, Row};

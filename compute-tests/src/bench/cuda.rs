@@ -3,13 +3,13 @@
 
 use std::ffi::CString;
 
+use compute::cuda::cudarc::driver::{result, sys};
+use compute::cuda::cudarc::nvrtc::{CompileOptions, compile_ptx_with_opts};
+use compute::cuda::{CudaDevice, CudaKernel, CudaRuntime};
 use compute_core::kernel::{KernelBuilder, KernelDefinition};
 use compute_core::{
     Bytes, ComputeClient, CubeCount, ElemType, KernelArguments, StreamId, block_on,
 };
-use compute_cuda::cudarc::driver::{result, sys};
-use compute_cuda::cudarc::nvrtc::{CompileOptions, compile_ptx_with_opts};
-use compute_cuda::{CudaDevice, CudaKernel, CudaRuntime};
 
 use super::timing::{best_alternating, best_per_call, progress};
 use super::{Better, Row};
@@ -73,7 +73,7 @@ impl Raw {
     /// The generated CUDA C++ of `kernel` (the checked form the client launches), compiled to PTX
     /// by NVRTC and loaded: the same code our launches run.
     fn function(&self, kernel: &KernelDefinition) -> sys::CUfunction {
-        let generated = compute_cuda::codegen::generate(kernel, true).expect("codegen");
+        let generated = compute::cuda::codegen::generate(kernel, true).expect("codegen");
         let opts = CompileOptions {
             arch: Some(self.arch),
             options: vec!["--std=c++17".into(), "--fmad=false".into()],
@@ -87,7 +87,7 @@ impl Raw {
         unsafe {
             result::module::get_function(
                 module,
-                CString::new(compute_cuda::codegen::ENTRY).expect("name"),
+                CString::new(compute::cuda::codegen::ENTRY).expect("name"),
             )
         }
         .expect("function")

@@ -2,6 +2,7 @@
 
 pub mod collective;
 pub mod devices;
+pub mod facade;
 pub mod graph;
 pub mod ir_arith;
 pub mod ir_builtins;
@@ -58,6 +59,8 @@ macro_rules! for_each_test {
             streams::read_after_write_across_streams,
             streams::eight_threads_hammer_one_device,
             streams::exclusive_keeps_others_out,
+            facade::facade_best_honours_the_override,
+            facade::facade_dispatch_runs_generic_code,
             ir_types::ir_types_load_store_every_elem,
             ir_types::ir_types_scalar_every_elem,
             ir_types::ir_types_bool_logic,

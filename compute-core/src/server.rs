@@ -29,7 +29,11 @@ use crate::stream::StreamId;
 /// suite checks; a backend that cannot honour one returns [`ServerError::Unsupported`].
 pub trait ComputeServer: Send + Sized + 'static {
     /// The backend's kernel type; every backend accepts the portable kernel.
-    type Kernel: From<KernelDefinition> + Send + 'static;
+    ///
+    /// Cheap to clone (an `Arc` inside): generic code converts a definition once
+    /// (`let kernel: <R::Server as ComputeServer>::Kernel = def.into();`) and launches clones of
+    /// the kept kernel, so no launch clones or hashes the IR again.
+    type Kernel: From<KernelDefinition> + Clone + Send + Sync + 'static;
     /// The raw allocator.
     type Storage: ComputeStorage;
     /// Backend information returned by `ComputeClient::info`.

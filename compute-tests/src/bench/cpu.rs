@@ -30,6 +30,18 @@ pub fn run(filter: &str) -> Vec<Row> {
         progress("cpu launch latency");
         rows.extend(launch(&client));
     }
+    if wanted("kept kernel launch") {
+        progress("cpu kept kernel launch, generic vs backend-specific");
+        let out = client.empty(4 * 256);
+        let kernel: CpuKernel = super::kept::definition().into();
+        let args = super::kept::arguments(&out);
+        let mut specific = |n: usize| {
+            for _ in 0..n {
+                client.launch(kernel.clone(), CubeCount::Static(1, 1, 1), args.clone());
+            }
+        };
+        rows.extend(super::kept::rows(BACKEND, &client, &out, &mut specific));
+    }
     rows.extend(super::cpu_kernels::run(&client, filter));
     rows
 }

@@ -36,6 +36,18 @@ pub fn run(filter: &str) -> Vec<Row> {
         progress("cuda launch host cost and latency");
         rows.extend(launch(&client, &raw));
     }
+    if wanted("kept kernel launch") {
+        progress("cuda kept kernel launch, generic vs backend-specific");
+        let out = client.empty(4 * 256);
+        let kernel: CudaKernel = super::kept::definition().into();
+        let args = super::kept::arguments(&out);
+        let mut specific = |n: usize| {
+            for _ in 0..n {
+                client.launch(kernel.clone(), CubeCount::Static(1, 1, 1), args.clone());
+            }
+        };
+        rows.extend(super::kept::rows("cuda", &client, &out, &mut specific));
+    }
     if wanted("graph") {
         progress("cuda graph replay");
         rows.push(graph(&client, &raw));

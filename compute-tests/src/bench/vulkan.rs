@@ -41,6 +41,18 @@ pub fn run(filter: &str) -> Vec<Row> {
             Err(e) => eprintln!("bench: vulkan launch rows skipped: {e}"),
         }
     }
+    if wanted("kept kernel launch") {
+        progress("vulkan kept kernel launch, generic vs backend-specific");
+        let out = client.empty(4 * 256);
+        let kernel: VulkanKernel = super::kept::definition().into();
+        let args = super::kept::arguments(&out);
+        let mut specific = |n: usize| {
+            for _ in 0..n {
+                client.launch(kernel.clone(), CubeCount::Static(1, 1, 1), args.clone());
+            }
+        };
+        rows.extend(super::kept::rows("vulkan", &client, &out, &mut specific));
+    }
     if wanted("bandwidth") {
         let size = copy_size(&client);
         progress(&format!(

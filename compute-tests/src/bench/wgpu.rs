@@ -34,6 +34,18 @@ pub fn run(filter: &str) -> Vec<Row> {
         progress("wgpu launch latency and host cost");
         rows.extend(launch(&client, &raw));
     }
+    if wanted("kept kernel launch") {
+        progress("wgpu kept kernel launch, generic vs backend-specific");
+        let out = client.empty(4 * 256);
+        let kernel: WgpuKernel = super::kept::definition().into();
+        let args = super::kept::arguments(&out);
+        let mut specific = |n: usize| {
+            for _ in 0..n {
+                client.launch(kernel.clone(), CubeCount::Static(1, 1, 1), args.clone());
+            }
+        };
+        rows.extend(super::kept::rows("wgpu", &client, &out, &mut specific));
+    }
     if wanted("bandwidth") {
         progress("wgpu copy kernel, upload and readback bandwidth (64 MiB)");
         rows.extend(bandwidth(&client, &raw));

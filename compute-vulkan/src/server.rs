@@ -1284,6 +1284,8 @@ impl ComputeServer for VulkanServer {
     }
 
     fn memory_usage(&mut self, stream: StreamId) -> Result<MemoryUsage, ServerError> {
+        // Release what completed submissions kept (released graphs' buffers among them).
+        self.recorder.recycle();
         Ok(self.stream(stream)?.memory.memory_usage())
     }
 
@@ -1397,7 +1399,10 @@ impl ComputeServer for VulkanServer {
 
     fn graph_release(&mut self, graph: GraphId) {
         if let Some(g) = self.graphs.remove(&graph) {
-            self.recorder.keep_until_done(g);
+            // Its buffers return to their pools as soon as its last replay has run: now when it
+            // has, else when the server next recycles after that (a sync, then any call that
+            // looks at memory).
+            self.recorder.keep_until_done_here(g);
         }
     }
 

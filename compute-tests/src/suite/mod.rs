@@ -117,6 +117,7 @@ macro_rules! for_each_test {
             graph::graph_replay_with_refreshed_inputs,
             graph::capture_rejects_sync_and_fresh_allocation,
             graph::capture_beside_writes_on_other_streams,
+            graph::dropped_graph_frees_its_buffers_at_the_next_sync,
             collective::all_reduce_sum_and_mean,
             collective::all_reduce_orders_with_compute,
             collective::collective_errors,

@@ -119,6 +119,15 @@ pub trait ComputeServer: Send + Sized + 'static {
     /// Release free pages of `stream`'s pools.
     fn memory_cleanup(&mut self, stream: StreamId);
 
+    /// Retire `stream`, which no client will use again (its thread exited, or the last client of
+    /// a forked stream dropped): when nothing of its pools is in use (no live handle, no capture
+    /// running), wait for its queued work, free its pools (their reserved memory goes back to the
+    /// driver) and release its backend queue (worker thread, driver stream), and return `true`.
+    /// Return `false` and keep everything when something is still in use: the client asks again
+    /// later. A stream the server has no state for returns `true`. Work issued on the id
+    /// afterwards would start a new state, as for a new stream.
+    fn retire_stream(&mut self, stream: StreamId) -> bool;
+
     /// Switch `stream`'s allocation mode.
     fn allocation_mode(&mut self, mode: MemoryAllocationMode, stream: StreamId);
 

@@ -1306,6 +1306,24 @@ impl ComputeServer for VulkanServer {
         }
     }
 
+    fn retire_stream(&mut self, stream: StreamId) -> bool {
+        let Some(state) = self.streams.get(&stream) else {
+            return true;
+        };
+        // Submissions that use the stream's buffers keep their bindings (in-use slices) until
+        // they complete; a released graph's bindings go at the recycle.
+        self.recorder.recycle();
+        if state.capture.is_some() || state.memory.memory_usage().number_allocs > 0 {
+            return false;
+        }
+        // Dropping the state hands its blocks to the deferred release (freed once the
+        // submissions so far have completed), drained here.
+        self.streams.remove(&stream);
+        self.forget_resolved();
+        self.drain_retired();
+        true
+    }
+
     fn allocation_mode(&mut self, mode: MemoryAllocationMode, stream: StreamId) {
         if let Ok(state) = self.stream(stream) {
             state.memory.mode(mode);

@@ -161,3 +161,31 @@ pub fn dropped_graph_frees_its_buffers_at_the_next_sync<R: Runtime>(mut client: 
         "after the sync, the graph's buffers are free: {after:?} (before the capture: {before:?})"
     );
 }
+
+/// A graph replayed after every handle it bound but the output was dropped reads the right
+/// values: the graph keeps its buffers alive.
+pub fn graph_replays_after_its_handles_dropped<R: Runtime>(client: ComputeClient<R>) {
+    let forked = client.fork_stream();
+    let n = 2048;
+    let kernel = kernels::add_f32(1);
+    forked.graph_prepare().unwrap();
+    let input = forked.create(f32_bytes(&ramp(n, 3.0)));
+    let ones = forked.create(f32_bytes(&vec![1.0; n]));
+    let mid = forked.empty(n * 4);
+    let out = forked.empty(n * 4);
+    kernels::launch_binary(&forked, &kernel, &input, &ones, &mid, n, 1);
+    kernels::launch_binary(&forked, &kernel, &mid, &mid, &out, n, 1);
+    block_on(forked.sync()).unwrap();
+    forked.start_capture().unwrap();
+    kernels::launch_binary(&forked, &kernel, &input, &ones, &mid, n, 1);
+    kernels::launch_binary(&forked, &kernel, &mid, &mid, &out, n, 1);
+    let graph = forked.stop_capture().unwrap();
+    drop((input, ones, mid));
+    let expected: Vec<f32> = ramp(n, 3.0).iter().map(|v| (v + 1.0) * 2.0).collect();
+    for round in 0..3 {
+        forked.write(&out, f32_bytes(&vec![-1.0; n]));
+        graph.replay().unwrap();
+        let got = forked.read_one(out.clone()).unwrap().to_elems::<f32>();
+        assert_eq!(got, expected, "replay {round}");
+    }
+}

@@ -1,13 +1,28 @@
 //! [`Bytes`]: host memory handed to and returned from the runtime.
 //!
 //! A `Bytes` is owned (an aligned heap buffer, or a `Vec` kept without copying), backend-provided
-//! (pinned host memory, through [`HostBuffer`]), file-backed or lazy. File-backed and lazy bytes are
-//! read on first access: a lazy `Bytes` from `read_lazy` copies device memory to the host then, and
-//! keeps its source allocation alive until it does.
+//! (pinned host memory, through [`HostBuffer`]), a [`bytes::Bytes`] (kept without copying),
+//! file-backed or lazy. File-backed and lazy bytes are read on first access: a lazy `Bytes` from
+//! `read_lazy` copies device memory to the host then, and keeps its source allocation alive until
+//! it does.
+//!
+//! # Sharing and copies
+//!
+//! Every representation is shared by reference count: [`Clone`] never copies the bytes (a clone
+//! of a lazy or file `Bytes` shares the deferred read, which runs once for all clones), and a
+//! clone stays valid after the original is dropped. Conversions with the `bytes` crate never copy
+//! either: `Bytes::from(bytes::Bytes)` keeps the buffer, and `bytes::Bytes::from(Bytes)` hands
+//! over the buffer (a deferred `Bytes` is read first). A copy is made only by a write that needs
+//! unique ownership: [`DerefMut`](core::ops::DerefMut) on bytes shared with a clone or with a
+//! `bytes::Bytes` (copy-on-write; a `bytes::Bytes` that is the last reference to its buffer is
+//! taken over without a copy), and by [`Bytes::move_into`] (staging into pinned memory, a copy by
+//! design). Alignment: the runtime's own buffers are aligned to [`HOST_ALIGNMENT`]; bytes from a
+//! `Vec` or a `bytes::Bytes` keep their own alignment, so [`Bytes::as_elems`] may return `None`
+//! for them where [`Bytes::to_elems`] (a copy) always works.
 
 use std::alloc::Layout;
 use std::path::PathBuf;
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
 use crate::elem::Elem;
 use crate::error::{LayoutError, ServerError};
@@ -293,16 +308,51 @@ impl Deferred {
     }
 }
 
+#[derive(Clone)]
 enum Repr {
-    Owned(AlignedBuf),
-    Host(Box<dyn HostBuffer>),
-    Deferred(Box<Deferred>),
+    Owned(Arc<AlignedBuf>),
+    Host(Arc<dyn HostBuffer>),
+    Shared(bytes::Bytes),
+    Deferred(Arc<Deferred>),
+}
+
+/// A uniquely owned `bytes::BytesMut`, writable in place.
+struct MutBuffer(bytes::BytesMut);
+
+impl HostBuffer for MutBuffer {
+    fn as_bytes(&self) -> &[u8] {
+        &self.0
+    }
+    fn as_bytes_mut(&mut self) -> &mut [u8] {
+        &mut self.0
+    }
+}
+
+/// The owner a `bytes::Bytes` made from an aligned buffer keeps.
+struct AlignedOwner(Arc<AlignedBuf>);
+
+impl AsRef<[u8]> for AlignedOwner {
+    fn as_ref(&self) -> &[u8] {
+        self.0.as_slice()
+    }
+}
+
+/// The owner a `bytes::Bytes` made from a host buffer keeps.
+struct HostOwner(Arc<dyn HostBuffer>);
+
+impl AsRef<[u8]> for HostOwner {
+    fn as_ref(&self) -> &[u8] {
+        self.0.as_bytes()
+    }
 }
 
 /// Host bytes: what `create` takes and what reads return. Dereferences to `[u8]`.
 ///
 /// Dereferencing a lazy or file-backed `Bytes` performs its deferred read; if that read fails the
 /// dereference panics with the error. Use [`Bytes::try_as_slice`] to get the error instead.
+///
+/// Cheap to clone: clones share the bytes (see the [module docs](self) for when a copy is made).
+#[derive(Clone)]
 pub struct Bytes {
     repr: Repr,
 }
@@ -342,15 +392,71 @@ impl Bytes {
     /// Wrap an aligned buffer.
     pub fn from_aligned(buf: AlignedBuf) -> Self {
         Self {
-            repr: Repr::Owned(buf),
+            repr: Repr::Owned(Arc::new(buf)),
         }
     }
 
     /// Wrap host memory provided by a backend or the user (pinned memory, say).
     pub fn from_host_buffer(buf: Box<dyn HostBuffer>) -> Self {
         Self {
-            repr: Repr::Host(buf),
+            repr: Repr::Host(Arc::from(buf)),
         }
+    }
+
+    /// Keep a `bytes::Bytes` without copying (also `Bytes::from`).
+    pub fn from_shared(bytes: bytes::Bytes) -> Self {
+        Self {
+            repr: Repr::Shared(bytes),
+        }
+    }
+
+    /// The bytes as a `bytes::Bytes`, without copying: the buffer is handed over (kept alive by
+    /// the `bytes::Bytes` and by any clone of `self`). A deferred `Bytes` is read first; its error
+    /// is returned.
+    pub fn try_into_shared(self) -> Result<bytes::Bytes, ServerError> {
+        let mut this = self;
+        this.materialize()?;
+        Ok(match this.repr {
+            Repr::Owned(buf) => bytes::Bytes::from_owner(AlignedOwner(buf)),
+            Repr::Host(buf) => bytes::Bytes::from_owner(HostOwner(buf)),
+            Repr::Shared(bytes) => bytes,
+            Repr::Deferred(_) => unreachable!("materialized just above"),
+        })
+    }
+
+    /// Whether the bytes are shared with a clone or another owner (so that a write through
+    /// [`DerefMut`](core::ops::DerefMut) copies them first). Deferred bytes count as shared.
+    pub fn is_shared(&mut self) -> bool {
+        match &mut self.repr {
+            Repr::Owned(buf) => Arc::get_mut(buf).is_none(),
+            Repr::Host(buf) => Arc::get_mut(buf).is_none(),
+            Repr::Shared(bytes) => !bytes.is_unique(),
+            Repr::Deferred(_) => true,
+        }
+    }
+
+    /// Make the (materialized) bytes uniquely owned: a copy when they are shared, except for a
+    /// `bytes::Bytes` that is the last reference to its buffer, which is taken over.
+    fn make_unique(&mut self) {
+        let unique = match &mut self.repr {
+            Repr::Owned(buf) => Arc::get_mut(buf).is_some(),
+            Repr::Host(buf) => Arc::get_mut(buf).is_some(),
+            Repr::Shared(_) | Repr::Deferred(_) => false,
+        };
+        if unique {
+            return;
+        }
+        if let Repr::Shared(bytes) = &mut self.repr {
+            let taken = core::mem::take(bytes);
+            match taken.try_into_mut() {
+                Ok(owned) => {
+                    *self = Bytes::from_host_buffer(Box::new(MutBuffer(owned)));
+                    return;
+                }
+                Err(shared) => *bytes = shared,
+            }
+        }
+        *self = Bytes::from_slice(self);
     }
 
     /// Bytes produced by `source` on first access. `len` must be the length it will produce.
@@ -372,7 +478,7 @@ impl Bytes {
 
     fn deferred(len: usize, kind: BytesKind, source: LazySource) -> Self {
         Self {
-            repr: Repr::Deferred(Box::new(Deferred {
+            repr: Repr::Deferred(Arc::new(Deferred {
                 len,
                 kind,
                 source: spin::Mutex::new(Some(source)),
@@ -391,6 +497,7 @@ impl Bytes {
         match &self.repr {
             Repr::Owned(buf) => buf.len,
             Repr::Host(buf) => buf.as_bytes().len(),
+            Repr::Shared(bytes) => bytes.len(),
             Repr::Deferred(d) => d.len,
         }
     }
@@ -400,7 +507,7 @@ impl Bytes {
         match &self.repr {
             Repr::Owned(_) => BytesKind::Owned,
             Repr::Host(buf) if buf.is_pinned() => BytesKind::Pinned,
-            Repr::Host(_) => BytesKind::Owned,
+            Repr::Host(_) | Repr::Shared(_) => BytesKind::Owned,
             Repr::Deferred(d) => d.kind,
         }
     }
@@ -418,6 +525,7 @@ impl Bytes {
         match &self.repr {
             Repr::Owned(buf) => Ok(buf.as_slice()),
             Repr::Host(buf) => Ok(buf.as_bytes()),
+            Repr::Shared(bytes) => Ok(bytes),
             Repr::Deferred(d) => match d.force() {
                 Ok(bytes) => bytes.try_as_slice(),
                 Err(e) => Err(e.clone()),
@@ -425,12 +533,18 @@ impl Bytes {
         }
     }
 
-    /// Perform a deferred read now (a no-op for bytes already in memory).
+    /// Perform a deferred read now (a no-op for bytes already in memory). Clones of a deferred
+    /// `Bytes` share its read: the first to materialize runs it, the others share its result.
     pub fn materialize(&mut self) -> Result<(), ServerError> {
         if let Repr::Deferred(d) = &mut self.repr {
-            d.force();
-            let value = d.value.take();
-            let value = value.unwrap_or_else(|| unreachable!("forced just above"));
+            let value = match Arc::get_mut(d) {
+                Some(unique) => {
+                    unique.force();
+                    let value = unique.value.take();
+                    value.unwrap_or_else(|| unreachable!("forced just above"))
+                }
+                None => d.force().clone(),
+            };
             *self = *value?;
         }
         Ok(())
@@ -509,14 +623,23 @@ impl core::ops::Deref for Bytes {
 }
 
 impl core::ops::DerefMut for Bytes {
+    /// Writable bytes: performs a deferred read, and copies bytes shared with a clone or a
+    /// `bytes::Bytes` first (copy-on-write), so that a write never shows through another owner.
     fn deref_mut(&mut self) -> &mut [u8] {
         if let Err(e) = self.materialize() {
             panic!("deferred read failed: {e}");
         }
+        self.make_unique();
         match &mut self.repr {
-            Repr::Owned(buf) => buf.as_mut_slice(),
-            Repr::Host(buf) => buf.as_bytes_mut(),
-            Repr::Deferred(_) => unreachable!("materialized just above"),
+            Repr::Owned(buf) => match Arc::get_mut(buf) {
+                Some(buf) => buf.as_mut_slice(),
+                None => unreachable!("made unique just above"),
+            },
+            Repr::Host(buf) => match Arc::get_mut(buf) {
+                Some(buf) => buf.as_bytes_mut(),
+                None => unreachable!("made unique just above"),
+            },
+            Repr::Shared(_) | Repr::Deferred(_) => unreachable!("made unique just above"),
         }
     }
 }
@@ -530,6 +653,32 @@ impl AsRef<[u8]> for Bytes {
 impl From<Vec<u8>> for Bytes {
     fn from(value: Vec<u8>) -> Self {
         Bytes::from_vec(value)
+    }
+}
+
+impl From<bytes::Bytes> for Bytes {
+    /// Keeps the buffer, without copying.
+    fn from(value: bytes::Bytes) -> Self {
+        Bytes::from_shared(value)
+    }
+}
+
+impl From<bytes::BytesMut> for Bytes {
+    /// Keeps the buffer, without copying.
+    fn from(value: bytes::BytesMut) -> Self {
+        Bytes::from_shared(value.freeze())
+    }
+}
+
+impl From<Bytes> for bytes::Bytes {
+    /// Hands the buffer over without copying (see [`Bytes::try_into_shared`]).
+    ///
+    /// # Panics
+    /// If the bytes are deferred and their read fails, like dereferencing them.
+    fn from(value: Bytes) -> Self {
+        value
+            .try_into_shared()
+            .unwrap_or_else(|e| panic!("deferred read failed: {e}"))
     }
 }
 
@@ -714,5 +863,117 @@ mod tests {
         let panicked =
             std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| six.to_elems::<f32>()));
         assert!(panicked.is_err(), "to_elems of 6 bytes as f32 panics");
+    }
+
+    #[test]
+    fn from_bytes_crate_keeps_the_buffer() {
+        let shared = bytes::Bytes::from(vec![1u8, 2, 3, 4, 5]);
+        let ptr = shared.as_ptr();
+        let ours = Bytes::from(shared.clone());
+        assert_eq!(ours.as_ptr(), ptr, "no copy into our Bytes");
+        assert_eq!(&ours[..], &[1, 2, 3, 4, 5]);
+        assert_eq!(ours.kind(), BytesKind::Owned);
+        // And back: the same buffer again.
+        let back = bytes::Bytes::from(ours);
+        assert_eq!(back.as_ptr(), ptr);
+        assert_eq!(back, shared);
+        // A BytesMut is kept too.
+        let mut m = bytes::BytesMut::with_capacity(8);
+        m.extend_from_slice(&[9, 8, 7]);
+        let mptr = m.as_ptr();
+        let ours = Bytes::from(m);
+        assert_eq!(ours.as_ptr(), mptr);
+        assert_eq!(&ours[..], &[9, 8, 7]);
+    }
+
+    #[test]
+    fn into_bytes_crate_hands_over_every_representation() {
+        let owned = Bytes::from_slice(&[7u8; 100]);
+        let ptr = owned.as_ptr();
+        let keep = owned.clone();
+        let shared = bytes::Bytes::from(owned);
+        assert_eq!(shared.as_ptr(), ptr, "aligned buffer handed over");
+        drop(keep);
+        assert_eq!(
+            &shared[..],
+            &[7u8; 100][..],
+            "the bytes::Bytes keeps it alive"
+        );
+
+        let vec = Bytes::from_elems(vec![1u32, 2, 3]);
+        let ptr = vec.as_ptr();
+        let shared = bytes::Bytes::from(vec);
+        assert_eq!(shared.as_ptr(), ptr, "Vec handed over");
+        assert_eq!(&shared[..4], &1u32.to_ne_bytes());
+
+        let lazy = Bytes::lazy(3, || Ok(Bytes::from_slice(&[4, 5, 6])));
+        assert_eq!(&bytes::Bytes::from(lazy)[..], &[4, 5, 6]);
+        let failing = Bytes::lazy(3, || Err(ServerError::Driver("gone".into())));
+        assert!(matches!(
+            failing.try_into_shared(),
+            Err(ServerError::Driver(_))
+        ));
+    }
+
+    #[test]
+    fn clone_shares_and_outlives_the_original() {
+        let original = Bytes::from_slice(&(0..=255u8).collect::<Vec<_>>());
+        let ptr = original.as_ptr();
+        let mut clone = original.clone();
+        assert_eq!(clone.as_ptr(), ptr, "a clone of an owned buffer shares it");
+        drop(original);
+        assert!(!clone.is_shared());
+        assert_eq!(clone.to_vec(), (0..=255u8).collect::<Vec<_>>());
+        // Unique now: a write does not copy.
+        clone[0] = 42;
+        assert_eq!(clone.as_ptr(), ptr);
+
+        // Copy-on-write when shared: the other owner keeps its bytes.
+        let mut a = Bytes::from_elems(vec![1u16, 2, 3]);
+        let b = a.clone();
+        assert!(a.is_shared());
+        a[0] = 0xff;
+        assert_ne!(a.as_ptr(), b.as_ptr());
+        assert_eq!(b.to_elems::<u16>(), vec![1, 2, 3]);
+        assert_eq!(a[0], 0xff);
+
+        // A shared bytes::Bytes is copied on write, a unique one is taken over.
+        let source = bytes::Bytes::from(vec![5u8; 16]);
+        let mut ours = Bytes::from(source.clone());
+        ours[0] = 1;
+        assert_eq!(source[0], 5);
+        let unique = bytes::Bytes::from(vec![6u8; 16]);
+        let uptr = unique.as_ptr();
+        let mut ours = Bytes::from(unique);
+        ours[1] = 2;
+        assert_eq!(
+            ours.as_ptr(),
+            uptr,
+            "the last reference is taken over without a copy"
+        );
+        assert_eq!(&ours[..3], &[6, 2, 6]);
+    }
+
+    #[test]
+    fn lazy_clones_share_one_read() {
+        let runs = Arc::new(AtomicUsize::new(0));
+        let counter = runs.clone();
+        let lazy = Bytes::lazy(4, move || {
+            counter.fetch_add(1, Ordering::SeqCst);
+            Ok(Bytes::from_slice(&[1, 2, 3, 4]))
+        });
+        let mut clone = lazy.clone();
+        drop(lazy);
+        assert_eq!(runs.load(Ordering::SeqCst), 0);
+        let other = clone.clone();
+        assert_eq!(&other[..], &[1, 2, 3, 4]);
+        clone.materialize().unwrap();
+        assert_eq!(&clone[..], &[1, 2, 3, 4]);
+        assert_eq!(
+            runs.load(Ordering::SeqCst),
+            1,
+            "the read ran once for all clones"
+        );
+        assert_eq!(clone.as_ptr(), other.as_ptr(), "and its result is shared");
     }
 }

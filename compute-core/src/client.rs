@@ -25,7 +25,7 @@ use crate::properties::{DeviceProperties, Features, VectorSize};
 use crate::runtime::Runtime;
 use crate::server::ComputeServer;
 use crate::storage::{ComputeStorage, ManagedResource};
-use crate::stream::StreamId;
+use crate::stream::{RetireSink, StreamId, register_sink};
 use crate::throughput::{KernelConfig, ThroughputKey, ThroughputValue};
 
 type Resource<R> = <<<R as Runtime>::Server as ComputeServer>::Storage as ComputeStorage>::Resource;
@@ -44,6 +44,39 @@ struct ClientShared<R: Runtime> {
     properties: Arc<DeviceProperties>,
     errors: spin::Mutex<HashMap<StreamId, VecDeque<ServerError>>>,
     gate: ExclusiveGate,
+    /// Streams announced as retired (thread exits, last clients of forked streams).
+    sink: Arc<RetireSink>,
+    /// Retired streams the server could not free yet (memory still in use), asked again later.
+    retiring: spin::Mutex<Vec<StreamId>>,
+    /// Streams between `graph_prepare` and `stop_capture`: `memory_cleanup` from another stream
+    /// leaves their pools alone (the warm-up's free blocks are what the capture allocates from).
+    preparing: spin::Mutex<Vec<StreamId>>,
+}
+
+/// A forked stream's lease: shared by the clients on that stream (and the graphs captured
+/// there); the last one dropped retires the stream.
+struct StreamLease<R: Runtime> {
+    shared: Arc<ClientShared<R>>,
+    stream: StreamId,
+}
+
+impl<R: Runtime> Drop for StreamLease<R> {
+    fn drop(&mut self) {
+        self.shared.sink.push(self.stream);
+        // Retire now unless the server is busy (this may run inside a server call, through a
+        // dropped lazy `Bytes` holding a client, say): then the next server call does.
+        if self.shared.gate.held_by_other() {
+            return;
+        }
+        let guard = match self.shared.server.try_lock() {
+            Ok(guard) => Some(guard),
+            Err(std::sync::TryLockError::Poisoned(poisoned)) => Some(poisoned.into_inner()),
+            Err(std::sync::TryLockError::WouldBlock) => None,
+        };
+        if let Some(mut server) = guard {
+            self.shared.retire_announced(&mut server, true);
+        }
+    }
 }
 
 /// The entry point to a device: allocation, transfers, launches, synchronisation, graphs,
@@ -51,10 +84,43 @@ struct ClientShared<R: Runtime> {
 ///
 /// Calls that enqueue work return at once. Their errors are queued on the stream and returned by
 /// the next [`flush`](Self::flush), [`sync`](Self::sync) or read on that stream.
+///
+/// # Streams
+///
+/// A client works on the calling thread's default stream ([`StreamId::current`]), or on a stream
+/// of its own: [`fork_stream`](Self::fork_stream) returns a client on a new stream, shared by its
+/// clones and by the graphs captured on it. A stream is *retired* — its pools freed (their
+/// reserved memory returned to the driver) and its backend queue released (the CPU's worker
+/// thread, the CUDA stream) — once nothing will use it again and nothing of it is in use:
+/// a thread's default stream when the thread exits, a forked stream when its last client (and
+/// last graph) drops, in both cases once every handle allocated on it has been dropped and its
+/// queued work has run. Handles of a stream keep it from being retired, never the other way
+/// round: a handle that outlives its stream's clients stays valid, and the stream is retired
+/// after it drops (at the next [`memory_usage`](Self::memory_usage),
+/// [`memory_cleanup`](Self::memory_cleanup) or retirement on the device).
+///
+/// # Graph capture
+///
+/// Capture on a stream of its own ([`fork_stream`](Self::fork_stream)): call
+/// [`graph_prepare`](Self::graph_prepare), run the work once (the warm-up, which allocates what
+/// the graph will use), then [`start_capture`](Self::start_capture), the same work, and
+/// [`stop_capture`](Self::stop_capture).
+/// - `graph_prepare` switches the stream's allocations to the exact-size persistent pool, and
+///   they stay there until `stop_capture` switches the stream back to the dynamic pools (the
+///   warm-up's allocations are then persistent blocks, reused by size).
+/// - Inside the capture window (between `start_capture` and `stop_capture`) an allocation
+///   succeeds when the warm-up left a free persistent block of exactly that size (a buffer the
+///   warm-up allocated and dropped); any other allocation fails with [`ServerError::Capture`],
+///   as do a sync and a read.
+/// - A [`Graph`] keeps every buffer it recorded alive (and its stream's client) until it is
+///   dropped: its handles can be dropped right after the capture, and a replay still reads and
+///   writes those buffers. Dropping the graph frees them once its replays have run (a sync
+///   after the drop is enough for [`memory_usage`](Self::memory_usage) to show it).
 pub struct ComputeClient<R: Runtime> {
     shared: Arc<ClientShared<R>>,
     stream: Option<StreamId>,
     properties: Arc<DeviceProperties>,
+    lease: Option<Arc<StreamLease<R>>>,
 }
 
 impl<R: Runtime> Clone for ComputeClient<R> {
@@ -63,6 +129,7 @@ impl<R: Runtime> Clone for ComputeClient<R> {
             shared: self.shared.clone(),
             stream: self.stream,
             properties: self.properties.clone(),
+            lease: self.lease.clone(),
         }
     }
 }
@@ -89,6 +156,43 @@ impl<R: Runtime> ClientShared<R> {
             properties,
             errors: spin::Mutex::new(HashMap::new()),
             gate: ExclusiveGate::default(),
+            sink: register_sink(),
+            retiring: spin::Mutex::new(Vec::new()),
+            preparing: spin::Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Take the newly announced streams and, when there are some or `retry` is set, ask the
+    /// server to retire every stream waiting for it; keep those it cannot free yet.
+    fn retire_announced(&self, server: &mut R::Server, retry: bool) {
+        let announced = if self.sink.signalled() {
+            self.sink.take()
+        } else {
+            Vec::new()
+        };
+        if announced.is_empty() && !retry {
+            return;
+        }
+        let mut retiring = self.retiring.lock();
+        retiring.extend(announced);
+        if retiring.is_empty() {
+            return;
+        }
+        let mut retired = Vec::new();
+        retiring.retain(|&id| {
+            let done = server.retire_stream(id);
+            if done {
+                retired.push(id);
+            }
+            !done
+        });
+        drop(retiring);
+        if !retired.is_empty() {
+            self.preparing.lock().retain(|p| !retired.contains(p));
+            let mut errors = self.errors.lock();
+            for id in retired {
+                errors.remove(&id);
+            }
         }
     }
 }
@@ -100,6 +204,26 @@ impl<R: Runtime> ComputeClient<R> {
             shared,
             stream: None,
             properties,
+            lease: None,
+        }
+    }
+
+    /// A client on a new stream of its own, shared by its clones (and by graphs captured on
+    /// it); the other properties are this client's. Safe: no other client works on that stream
+    /// unless it is a clone of the returned one, and the work of one client value is ordered by
+    /// `&self` calls on it. The stream is retired (pools freed, backend queue released) when the
+    /// last of those clients and graphs drops, once the handles allocated on it are dropped and
+    /// its work has run (see [Streams](Self#streams)).
+    pub fn fork_stream(&self) -> Self {
+        let stream = StreamId::fresh();
+        Self {
+            shared: self.shared.clone(),
+            stream: Some(stream),
+            properties: self.properties.clone(),
+            lease: Some(Arc::new(StreamLease {
+                shared: self.shared.clone(),
+                stream,
+            })),
         }
     }
 
@@ -138,13 +262,29 @@ impl<R: Runtime> ComputeClient<R> {
         Ok(Self::from_shared(shared))
     }
 
+    /// A client on a new server of its own for `device`, shared with nothing: [`load`](Self::load)
+    /// keeps returning the registered one. Its clones share its server; its handles are foreign
+    /// to the other servers of the device. For work that must see exact device-wide figures
+    /// ([`memory_usage`](Self::memory_usage)) whatever else the process runs.
+    pub fn isolated<D: Device>(device: &D) -> Result<Self, ServerError> {
+        let server = R::create_server(&R::Device::from_id(device.to_id()))?;
+        Ok(Self::from_shared(Arc::new(ClientShared::new(server))))
+    }
+
     /// Set the stream in which the current client is operating on.
     ///
     /// # Safety
     /// The caller takes over ordering between this client's work and work issued by other clients
     /// on the same stream id from other threads: the runtime orders buffers across streams, but
     /// interleaving two threads' commands on one stream is the caller's responsibility.
+    ///
+    /// A client set to another stream drops its share of a [forked](Self::fork_stream) stream.
+    /// A stream set this way is not retired by the runtime (it cannot know when its last user
+    /// is done); prefer [`fork_stream`](Self::fork_stream).
     pub unsafe fn set_stream(&mut self, stream_id: StreamId) {
+        if self.stream != Some(stream_id) {
+            self.lease = None;
+        }
         self.stream = Some(stream_id);
     }
 
@@ -173,6 +313,9 @@ impl<R: Runtime> ComputeClient<R> {
             if self.shared.gate.held_by_other() {
                 drop(server);
                 continue;
+            }
+            if self.shared.sink.signalled() {
+                self.shared.retire_announced(&mut server, false);
             }
             return f(&mut server);
         }
@@ -816,14 +959,20 @@ impl<R: Runtime> ComputeClient<R> {
     pub fn graph_prepare(&self) -> Result<(), ServerError> {
         let stream = self.stream_id();
         self.take_error(stream)?;
-        self.with_server(|s| s.graph_prepare(stream))
+        self.with_server(|s| s.graph_prepare(stream))?;
+        let mut preparing = self.shared.preparing.lock();
+        if !preparing.contains(&stream) {
+            preparing.push(stream);
+        }
+        Ok(())
     }
 
     /// Begin recording launches on this client's stream into a graph rather than executing them.
     ///
-    /// Pin the client to a dedicated stream with [`set_stream`](Self::set_stream), then
-    /// `graph_prepare` and warm up first; between this and [`stop_capture`](Self::stop_capture)
-    /// no sync or fresh allocation may happen (they fail with [`ServerError::Capture`]).
+    /// Capture on a stream of its own ([`fork_stream`](Self::fork_stream)), after
+    /// `graph_prepare` and a warm-up; between this and [`stop_capture`](Self::stop_capture)
+    /// no sync, read or allocation without a matching warm-up block may happen (they fail with
+    /// [`ServerError::Capture`]). See [Graph capture](Self#graph-capture).
     pub fn start_capture(&self) -> Result<(), ServerError> {
         let stream = self.stream_id();
         self.take_error(stream)?;
@@ -833,7 +982,9 @@ impl<R: Runtime> ComputeClient<R> {
     /// Stop recording and return the captured graph, ready to replay.
     pub fn stop_capture(&self) -> Result<Graph<R>, ServerError> {
         let stream = self.stream_id();
-        let id = self.with_server(|s| s.end_capture(stream))?;
+        let id = self.with_server(|s| s.end_capture(stream));
+        self.shared.preparing.lock().retain(|&p| p != stream);
+        let id = id?;
         self.take_error(stream)?;
         Ok(Graph::new(self.clone(), id, stream))
     }
@@ -864,8 +1015,12 @@ impl<R: Runtime> ComputeClient<R> {
     ///
     /// Folds every stream's usage with [`MemoryUsage::combine`], so the result is the same
     /// whichever thread asks.
+    ///
+    /// Streams waiting to be retired are retired first where they can be (see
+    /// [Streams](Self#streams)).
     pub fn memory_usage(&self) -> Result<MemoryUsage, ServerError> {
         self.with_server(|s| {
+            self.shared.retire_announced(s, true);
             s.stream_ids()
                 .into_iter()
                 .try_fold(MemoryUsage::default(), |acc, id| {
@@ -877,7 +1032,10 @@ impl<R: Runtime> ComputeClient<R> {
     /// Memory usage of this client's stream only (the pools `memory_cleanup` acts on).
     pub fn stream_memory_usage(&self) -> Result<MemoryUsage, ServerError> {
         let stream = self.stream_id();
-        self.with_server(|s| s.memory_usage(stream))
+        self.with_server(|s| {
+            self.shared.retire_announced(s, true);
+            s.memory_usage(stream)
+        })
     }
 
     /// Get all devices of a specific type available to this runtime.
@@ -910,15 +1068,28 @@ impl<R: Runtime> ComputeClient<R> {
         self.with_server(|s| s.allocation_mode(mode, stream));
     }
 
-    /// Ask the client to release memory that it can release: the free pages of this stream's pools
-    /// (see [`stream_memory_usage`](Self::stream_memory_usage)), and the large host buffers kept
-    /// for reuse by reads (see [`bytes::trim_host_cache`](crate::bytes::trim_host_cache)).
+    /// Ask the client to release memory that it can release: the free pages of every stream's
+    /// pools on this device (this stream's first; see [`memory_usage`](Self::memory_usage);
+    /// streams of other clients between [`graph_prepare`](Self::graph_prepare) and
+    /// [`stop_capture`](Self::stop_capture) are left alone, their warm-up blocks kept),
+    /// the streams waiting to be retired that can be now (see [Streams](Self#streams)), and the
+    /// large host buffers kept for reuse by reads (see
+    /// [`bytes::trim_host_cache`](crate::bytes::trim_host_cache)).
     ///
     /// Results vary with what the allocator deems beneficial; it is not guaranteed that any memory
     /// is freed.
     pub fn memory_cleanup(&self) {
         let stream = self.stream_id();
-        self.with_server(|s| s.memory_cleanup(stream));
+        self.with_server(|s| {
+            self.shared.retire_announced(s, true);
+            s.memory_cleanup(stream);
+            let preparing = self.shared.preparing.lock().clone();
+            for other in s.stream_ids() {
+                if other != stream && !preparing.contains(&other) {
+                    s.memory_cleanup(other);
+                }
+            }
+        });
         crate::bytes::trim_host_cache();
     }
 

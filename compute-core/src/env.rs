@@ -123,6 +123,18 @@ pub const SETTINGS: &[Setting] = &[
         "a file path",
     ),
     setting(
+        "COMPUTE_BACKEND",
+        "the backend compute::Backend::best() picks, instead of the first available",
+        "the first available of cuda, vulkan, wgpu, cpu",
+        "cpu, wgpu, vulkan or cuda",
+    ),
+    setting(
+        "COMPUTE_FACADE_CHILD",
+        "internal to the facade's tests: marks the child process that checks the override",
+        "unset",
+        "any value (set by the test itself)",
+    ),
+    setting(
         "COMPUTE_REQUIRE_BACKENDS",
         "cargo xtask: backends whose absence fails the run (CI sets it)",
         "none",

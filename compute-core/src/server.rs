@@ -29,7 +29,11 @@ use crate::stream::StreamId;
 /// suite checks; a backend that cannot honour one returns [`ServerError::Unsupported`].
 pub trait ComputeServer: Send + Sized + 'static {
     /// The backend's kernel type; every backend accepts the portable kernel.
-    type Kernel: From<KernelDefinition> + Send + 'static;
+    ///
+    /// Cheap to clone (an `Arc` inside): generic code converts a definition once
+    /// (`let kernel: <R::Server as ComputeServer>::Kernel = def.into();`) and launches clones of
+    /// the kept kernel, so no launch clones or hashes the IR again.
+    type Kernel: From<KernelDefinition> + Clone + Send + Sync + 'static;
     /// The raw allocator.
     type Storage: ComputeStorage;
     /// Backend information returned by `ComputeClient::info`.
@@ -114,6 +118,15 @@ pub trait ComputeServer: Send + Sized + 'static {
 
     /// Release free pages of `stream`'s pools.
     fn memory_cleanup(&mut self, stream: StreamId);
+
+    /// Retire `stream`, which no client will use again (its thread exited, or the last client of
+    /// a forked stream dropped): when nothing of its pools is in use (no live handle, no capture
+    /// running), wait for its queued work, free its pools (their reserved memory goes back to the
+    /// driver) and release its backend queue (worker thread, driver stream), and return `true`.
+    /// Return `false` and keep everything when something is still in use: the client asks again
+    /// later. A stream the server has no state for returns `true`. Work issued on the id
+    /// afterwards would start a new state, as for a new stream.
+    fn retire_stream(&mut self, stream: StreamId) -> bool;
 
     /// Switch `stream`'s allocation mode.
     ///

@@ -570,6 +570,24 @@ impl ComputeServer for CpuServer {
         }
     }
 
+    fn retire_stream(&mut self, stream: StreamId) -> bool {
+        let Some(state) = self.streams.get(&stream) else {
+            return true;
+        };
+        if state.capture.is_some() {
+            return false;
+        }
+        // Its queued work runs first (queued commands hold the bindings they use); other
+        // streams' commands that wait for it hold its progress counter (an `Arc`), not the state.
+        state.worker.wait_idle();
+        if state.memory.memory_usage().number_allocs > 0 {
+            return false;
+        }
+        // Dropping the state frees its pools and stops its worker thread.
+        self.streams.remove(&stream);
+        true
+    }
+
     fn allocation_mode(
         &mut self,
         mode: MemoryAllocationMode,

@@ -1518,6 +1518,39 @@ impl ComputeServer for CudaServer {
         }
     }
 
+    fn retire_stream(&mut self, stream: StreamId) -> bool {
+        if !self.streams.contains_key(&stream) {
+            return true;
+        }
+        // The copy team's driver calls may target the stream.
+        self.settle_quietly();
+        if self.context.bind().is_err() {
+            return false;
+        }
+        let events = &mut self.events;
+        let Some(state) = self.streams.get_mut(&stream) else {
+            return true;
+        };
+        if state.capture.is_some() {
+            return false;
+        }
+        // A staging slot whose copies ran on the stream gets its closing event now (the stream
+        // is destroyed below); then its work completes and releases what it kept alive.
+        if self.staging.close_on(state.raw, events).is_err()
+            || self.small_staging.close_on(state.raw, events).is_err()
+            || state.wait_idle(events).is_err()
+        {
+            return false;
+        }
+        if state.memory.memory_usage().number_allocs > 0 {
+            return false;
+        }
+        // Dropping the state synchronizes and destroys the CUDA stream and its events and frees
+        // its pools' device memory.
+        self.streams.remove(&stream);
+        true
+    }
+
     fn allocation_mode(
         &mut self,
         mode: MemoryAllocationMode,

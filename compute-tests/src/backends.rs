@@ -17,23 +17,23 @@ pub fn enabled() -> Vec<BackendEntry> {
     let mut list = Vec::new();
     #[cfg(feature = "cpu")]
     list.push(BackendEntry {
-        name: compute_cpu::CpuRuntime::name(),
-        availability: compute_cpu::CpuRuntime::availability,
+        name: compute::cpu::CpuRuntime::name(),
+        availability: compute::cpu::CpuRuntime::availability,
     });
     #[cfg(feature = "wgpu")]
     list.push(BackendEntry {
-        name: compute_wgpu::WgpuRuntime::name(),
-        availability: compute_wgpu::WgpuRuntime::availability,
+        name: compute::wgpu::WgpuRuntime::name(),
+        availability: compute::wgpu::WgpuRuntime::availability,
     });
     #[cfg(feature = "vulkan")]
     list.push(BackendEntry {
-        name: compute_vulkan::VulkanRuntime::name(),
-        availability: compute_vulkan::VulkanRuntime::availability,
+        name: compute::vulkan::VulkanRuntime::name(),
+        availability: compute::vulkan::VulkanRuntime::availability,
     });
     #[cfg(feature = "cuda")]
     list.push(BackendEntry {
-        name: compute_cuda::CudaRuntime::name(),
-        availability: compute_cuda::CudaRuntime::availability,
+        name: compute::cuda::CudaRuntime::name(),
+        availability: compute::cuda::CudaRuntime::availability,
     });
     list
 }
@@ -45,8 +45,8 @@ pub fn enabled() -> Vec<BackendEntry> {
 /// Panics (fails the test) when a check fails.
 pub fn after_test(name: &str, test: &str) {
     #[cfg(feature = "vulkan")]
-    if name == "vulkan" && compute_vulkan::validation_enabled() {
-        let count = compute_vulkan::validation_message_count();
+    if name == "vulkan" && compute::vulkan::validation_enabled() {
+        let count = compute::vulkan::validation_message_count();
         assert_eq!(
             count, 0,
             "vulkan::{test}: the validation layer reported {count} warnings/errors so far in this process (printed above)"

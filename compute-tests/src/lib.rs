@@ -47,7 +47,7 @@ fn run_expected<R: Runtime>(name: &str, test: fn(ComputeClient<R>), client: Comp
     }
 }
 
-/// Instantiate the whole suite for one backend: `conformance_suite!(cpu, compute_cpu::CpuRuntime);`
+/// Instantiate the whole suite for one backend: `conformance_suite!(cpu, compute::cpu::CpuRuntime);`
 /// makes a module `cpu` with one `#[test]` per conformance test.
 #[macro_export]
 macro_rules! conformance_suite {

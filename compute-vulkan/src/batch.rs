@@ -601,6 +601,10 @@ impl Worker {
     }
 }
 
+/// A value [`Recorder::recycle`] drops on its own thread once its submission completed (see
+/// [`Recorder::keep_until_done_here`]).
+struct DropHere(#[allow(dead_code)] Box<dyn Any + Send>);
+
 /// The server's open batch and its submissions in flight.
 pub(crate) struct Recorder {
     ctx: Arc<Context>,
@@ -778,7 +782,10 @@ impl Recorder {
                 for item in f.keep {
                     match item.downcast::<Staging>() {
                         Ok(staging) => drop(staging),
-                        Err(other) => rest.push(other),
+                        Err(other) => match other.downcast::<DropHere>() {
+                            Ok(here) => drop(here),
+                            Err(other) => rest.push(other),
+                        },
                     }
                 }
                 self.recycler.send(rest);
@@ -787,17 +794,34 @@ impl Recorder {
     }
 
     /// Keep `value` alive until the latest submission (or the open batch, if not empty) has
-    /// completed.
+    /// completed. When the open batch is empty and the latest submission has already completed
+    /// (asked of the driver), `value` is dropped now, on this thread.
     pub(crate) fn keep_until_done(&mut self, value: impl Any + Send) {
         if !self.is_empty() {
             self.keep(value);
-        } else if let Some(last) = self.in_flight.back_mut() {
-            last.keep.push(Box::new(value));
-        } else {
-            // Nothing of this server is in flight; other submitters (collectives) are waited
-            // for by the caller.
-            drop(value);
+            return;
         }
+        if self.in_flight.back().is_some_and(|last| {
+            let done = self.ctx.known_completed();
+            last.value > done && self.ctx.completed().unwrap_or(done) < last.value
+        }) {
+            if let Some(last) = self.in_flight.back_mut() {
+                last.keep.push(Box::new(value));
+            }
+            return;
+        }
+        // Everything of this server submitted so far has completed (other submitters,
+        // collectives, are waited for by the caller): release what completed, then `value`.
+        self.recycle();
+        drop(value);
+    }
+
+    /// Keep `value` alive until the latest submission (or the open batch) has completed, then
+    /// drop it on the thread that recycles (the server's), not on the recycler thread: a graph,
+    /// whose buffers must be back in their pools when a sync after the release returns and the
+    /// server next looks at its memory.
+    pub(crate) fn keep_until_done_here(&mut self, value: impl Any + Send) {
+        self.keep_until_done(DropHere(Box::new(value)));
     }
 }
 

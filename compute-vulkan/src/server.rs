@@ -1361,6 +1361,8 @@ impl ComputeServer for VulkanServer {
     }
 
     fn memory_usage(&mut self, stream: StreamId) -> Result<MemoryUsage, ServerError> {
+        // Release what completed submissions kept (released graphs' buffers among them).
+        self.recorder.recycle();
         Ok(self.stream(stream)?.memory.memory_usage())
     }
 
@@ -1379,6 +1381,24 @@ impl ComputeServer for VulkanServer {
         {
             self.ctx.trim_staging();
         }
+    }
+
+    fn retire_stream(&mut self, stream: StreamId) -> bool {
+        let Some(state) = self.streams.get(&stream) else {
+            return true;
+        };
+        // Submissions that use the stream's buffers keep their bindings (in-use slices) until
+        // they complete; a released graph's bindings go at the recycle.
+        self.recorder.recycle();
+        if state.capture.is_some() || state.memory.memory_usage().number_allocs > 0 {
+            return false;
+        }
+        // Dropping the state hands its blocks to the deferred release (freed once the
+        // submissions so far have completed), drained here.
+        self.streams.remove(&stream);
+        self.forget_resolved();
+        self.drain_retired();
+        true
     }
 
     fn allocation_mode(
@@ -1481,7 +1501,10 @@ impl ComputeServer for VulkanServer {
 
     fn graph_release(&mut self, graph: GraphId) {
         if let Some(g) = self.graphs.remove(&graph) {
-            self.recorder.keep_until_done(g);
+            // Its buffers return to their pools as soon as its last replay has run: now when it
+            // has, else when the server next recycles after that (a sync, then any call that
+            // looks at memory).
+            self.recorder.keep_until_done_here(g);
         }
     }
 

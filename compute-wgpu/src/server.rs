@@ -1370,6 +1370,21 @@ impl ComputeServer for WgpuServer {
         let _ = self.submitter.prune();
     }
 
+    fn retire_stream(&mut self, stream: StreamId) -> bool {
+        let Some(state) = self.streams.get(&stream) else {
+            return true;
+        };
+        // Every stream records into the one queue: work still queued that uses the stream's
+        // buffers holds their bindings (in-use slices) or wgpu's own reference to the buffer,
+        // which wgpu keeps until that work has run.
+        if state.capture.is_some() || state.memory.memory_usage().number_allocs > 0 {
+            return false;
+        }
+        // Dropping the state drops its pools' buffers.
+        self.streams.remove(&stream);
+        true
+    }
+
     fn allocation_mode(
         &mut self,
         mode: MemoryAllocationMode,

@@ -214,6 +214,7 @@ impl KernelBuilder {
         let mut k = Self {
             tag: NEXT_BUILDER.fetch_add(1, Ordering::Relaxed),
             def: KernelDefinition {
+                id_cache: Default::default(),
                 name: name.to_owned(),
                 cube_dim,
                 buffers: Vec::new(),

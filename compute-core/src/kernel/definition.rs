@@ -1,5 +1,7 @@
 //! A built, validated kernel and its launch checks.
 
+use std::sync::{Arc, OnceLock};
+
 use serde::{Deserialize, Serialize};
 
 use super::hash::{KernelId, stable_hash};
@@ -12,9 +14,15 @@ use crate::properties::HardwareProperties;
 /// A portable kernel, as [`KernelBuilder::build`](super::KernelBuilder::build) returns it.
 ///
 /// Every backend compiles this type. It is plain data: clone it, compare it, serialise it; its
-/// [`id`](Self::id) is a stable hash for compile caches.
+/// [`id`](Self::id) is a stable hash for compile caches, computed on first use and then shared by
+/// the definition and every clone of it (made before or after), so converting the same definition
+/// into a backend kernel twice (`def.clone().into()`) hashes it once.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct KernelDefinition {
+    /// The id once computed, shared between clones (not part of the hash, the comparison or the
+    /// serialised form). A definition is never changed after `build`, so the id stays valid.
+    #[serde(skip)]
+    pub(crate) id_cache: IdCache,
     pub(crate) name: String,
     pub(crate) cube_dim: [u32; 3],
     pub(crate) buffers: Vec<BufferDecl>,
@@ -24,6 +32,34 @@ pub struct KernelDefinition {
     pub(crate) vars: Vec<VarDecl>,
     pub(crate) values: Vec<Item>,
     pub(crate) body: Block,
+}
+
+/// The shared, lazily computed id of a [`KernelDefinition`] and its clones.
+#[derive(Clone, Default)]
+pub(crate) struct IdCache(Arc<OnceLock<KernelId>>);
+
+impl IdCache {
+    /// Whether the id has been computed (for tests).
+    #[cfg(test)]
+    pub(crate) fn is_set(&self) -> bool {
+        self.0.get().is_some()
+    }
+}
+
+impl core::fmt::Debug for IdCache {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self.0.get() {
+            Some(id) => write!(f, "{id:?}"),
+            None => f.write_str("(not computed)"),
+        }
+    }
+}
+
+/// Every cache compares equal: equality of definitions is equality of their contents.
+impl PartialEq for IdCache {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
 }
 
 impl KernelDefinition {
@@ -86,8 +122,11 @@ impl KernelDefinition {
     }
 
     /// The kernel's stable id: the same kernel has the same id in every process, on every platform.
+    ///
+    /// Hashed on the first call and kept: later calls, on this definition or any clone of it,
+    /// return the kept id.
     pub fn id(&self) -> KernelId {
-        stable_hash(self)
+        *self.id_cache.0.get_or_init(|| stable_hash(self))
     }
 
     /// Check a launch's arguments against the parameters: buffer count, scalar count and types,

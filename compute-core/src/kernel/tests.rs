@@ -441,3 +441,30 @@ fn definitions_round_trip_through_serde() {
     assert_eq!(back, def);
     assert_eq!(back.id(), def.id());
 }
+
+#[test]
+fn id_is_computed_once_and_shared_by_clones() {
+    let def = axpy(1);
+    assert!(!def.id_cache.is_set());
+    let before = def.clone();
+    let first = def.clone();
+    let id = first.id();
+    // The clone made before and the original see the id computed through another clone.
+    assert!(def.id_cache.is_set());
+    assert!(before.id_cache.is_set());
+    assert_eq!(def.id(), id);
+    assert_eq!(before.id(), id);
+    // The kept id is the content hash.
+    assert_eq!(id, super::hash::stable_hash(&def));
+    // A deserialised copy has no kept id, computes the same one, and compares equal.
+    let json = serde_json::to_string(&def).unwrap();
+    assert!(!json.contains("id_cache"));
+    let back: KernelDefinition = serde_json::from_str(&json).unwrap();
+    assert!(!back.id_cache.is_set());
+    assert_eq!(back, def);
+    assert_eq!(back.id(), id);
+    // A different kernel has its own cache.
+    let other = axpy(4);
+    assert!(!other.id_cache.is_set());
+    assert_ne!(other.id(), id);
+}

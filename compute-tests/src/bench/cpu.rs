@@ -3,10 +3,10 @@
 use std::sync::mpsc;
 use std::time::Duration;
 
+use compute::cpu::{CpuDevice, CpuKernel, CpuRuntime, CpuStorage};
 use compute_core::kernel::KernelBuilder;
 use compute_core::storage::ComputeStorage;
 use compute_core::{Bytes, ComputeClient, CubeCount, KernelArguments, block_on};
-use compute_cpu::{CpuDevice, CpuKernel, CpuRuntime, CpuStorage};
 
 use super::timing::{best_per_call, calibrate, progress};
 use super::{Better, Row};
@@ -33,6 +33,18 @@ pub fn run(filter: &str) -> Vec<Row> {
     if wanted("contention") {
         progress("cpu server lock under 16 threads");
         rows.push(contended_launches(&client));
+    }
+    if wanted("kept kernel launch") {
+        progress("cpu kept kernel launch, generic vs backend-specific");
+        let out = client.empty(4 * 256);
+        let kernel: CpuKernel = super::kept::definition().into();
+        let args = super::kept::arguments(&out);
+        let mut specific = |n: usize| {
+            for _ in 0..n {
+                client.launch(kernel.clone(), CubeCount::Static(1, 1, 1), args.clone());
+            }
+        };
+        rows.extend(super::kept::rows(BACKEND, &client, &out, &mut specific));
     }
     rows.extend(super::cpu_kernels::run(&client, filter));
     rows

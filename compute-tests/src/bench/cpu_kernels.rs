@@ -5,9 +5,9 @@
 
 use std::time::{Duration, Instant};
 
+use compute::cpu::{CpuKernel, CpuRuntime};
 use compute_core::kernel::{KernelBuilder, KernelDefinition};
 use compute_core::{ComputeClient, CubeCount, ElemType, Handle, KernelArguments, block_on};
-use compute_cpu::{CpuKernel, CpuRuntime};
 use rayon::prelude::*;
 
 use super::timing::{best_per_call, calibrate, progress};
@@ -520,7 +520,7 @@ fn compile_time() -> Row {
         let start = Instant::now();
         for _ in 0..rounds {
             for def in &kernels {
-                std::hint::black_box(compute_cpu::exec::compile(def).expect("compiles"));
+                std::hint::black_box(compute::cpu::exec::compile(def).expect("compiles"));
             }
         }
         let per = start.elapsed().as_secs_f64() / (rounds * kernels.len()) as f64;

@@ -3,13 +3,13 @@
 
 use std::ffi::CString;
 
+use compute::cuda::cudarc::driver::{result, sys};
+use compute::cuda::cudarc::nvrtc::{CompileOptions, compile_ptx_with_opts};
+use compute::cuda::{CudaDevice, CudaKernel, CudaRuntime};
 use compute_core::kernel::{KernelBuilder, KernelDefinition};
 use compute_core::{
     Bytes, ComputeClient, CubeCount, ElemType, KernelArguments, StreamId, block_on,
 };
-use compute_cuda::cudarc::driver::{result, sys};
-use compute_cuda::cudarc::nvrtc::{CompileOptions, compile_ptx_with_opts};
-use compute_cuda::{CudaDevice, CudaKernel, CudaRuntime};
 
 use super::timing::{best_alternating, best_per_call, progress};
 use super::{Better, Row};
@@ -35,6 +35,18 @@ pub fn run(filter: &str) -> Vec<Row> {
     if wanted("launch") {
         progress("cuda launch host cost and latency");
         rows.extend(launch(&client, &raw));
+    }
+    if wanted("kept kernel launch") {
+        progress("cuda kept kernel launch, generic vs backend-specific");
+        let out = client.empty(4 * 256);
+        let kernel: CudaKernel = super::kept::definition().into();
+        let args = super::kept::arguments(&out);
+        let mut specific = |n: usize| {
+            for _ in 0..n {
+                client.launch(kernel.clone(), CubeCount::Static(1, 1, 1), args.clone());
+            }
+        };
+        rows.extend(super::kept::rows("cuda", &client, &out, &mut specific));
     }
     if wanted("graph") {
         progress("cuda graph replay");
@@ -73,7 +85,7 @@ impl Raw {
     /// The generated CUDA C++ of `kernel` (the checked form the client launches), compiled to PTX
     /// by NVRTC and loaded: the same code our launches run.
     fn function(&self, kernel: &KernelDefinition) -> sys::CUfunction {
-        let generated = compute_cuda::codegen::generate(kernel, true).expect("codegen");
+        let generated = compute::cuda::codegen::generate(kernel, true).expect("codegen");
         let opts = CompileOptions {
             arch: Some(self.arch),
             options: vec!["--std=c++17".into(), "--fmad=false".into()],
@@ -87,7 +99,7 @@ impl Raw {
         unsafe {
             result::module::get_function(
                 module,
-                CString::new(compute_cuda::codegen::ENTRY).expect("name"),
+                CString::new(compute::cuda::codegen::ENTRY).expect("name"),
             )
         }
         .expect("function")

@@ -8,6 +8,7 @@ pub mod cpu;
 pub mod cpu_kernels;
 #[cfg(feature = "cuda")]
 pub mod cuda;
+pub mod kept;
 #[cfg(feature = "vulkan")]
 pub mod vulkan;
 #[cfg(feature = "wgpu")]

@@ -5,10 +5,10 @@
 
 use std::time::Instant;
 
+use compute::vulkan::ash::vk;
+use compute::vulkan::{RawDevice, VulkanDevice, VulkanKernel, VulkanRuntime};
 use compute_core::kernel::{KernelBuilder, KernelDefinition};
 use compute_core::{Bytes, ComputeClient, CubeCount, ElemType, KernelArguments, block_on};
-use compute_vulkan::ash::vk;
-use compute_vulkan::{RawDevice, VulkanDevice, VulkanKernel, VulkanRuntime};
 
 use super::timing::{best_per_call, progress};
 use super::{Better, Row};
@@ -20,7 +20,7 @@ const HOST_REPS: usize = 25;
 
 /// Every Vulkan row whose name contains `filter` (none when Vulkan is unavailable here).
 pub fn run(filter: &str) -> Vec<Row> {
-    if let Err(reason) = compute_vulkan::availability() {
+    if let Err(reason) = compute::vulkan::availability() {
         eprintln!("bench: vulkan unavailable: {reason}");
         return Vec::new();
     }
@@ -40,6 +40,18 @@ pub fn run(filter: &str) -> Vec<Row> {
             Ok(r) => rows.extend(r),
             Err(e) => eprintln!("bench: vulkan launch rows skipped: {e}"),
         }
+    }
+    if wanted("kept kernel launch") {
+        progress("vulkan kept kernel launch, generic vs backend-specific");
+        let out = client.empty(4 * 256);
+        let kernel: VulkanKernel = super::kept::definition().into();
+        let args = super::kept::arguments(&out);
+        let mut specific = |n: usize| {
+            for _ in 0..n {
+                client.launch(kernel.clone(), CubeCount::Static(1, 1, 1), args.clone());
+            }
+        };
+        rows.extend(super::kept::rows("vulkan", &client, &out, &mut specific));
     }
     if wanted("bandwidth") {
         let size = copy_size(&client);
@@ -149,7 +161,7 @@ impl Raw {
         }
     }
 
-    fn d(&self) -> &compute_vulkan::ash::Device {
+    fn d(&self) -> &compute::vulkan::ash::Device {
         self.dev.device()
     }
 
@@ -206,7 +218,7 @@ impl Raw {
     /// The pipeline of a portable kernel compiled once by the backend's emitter (same SPIR-V),
     /// with whole buffers in a descriptor set written once and the argument words prepared.
     fn pipeline(&self, kernel: &KernelDefinition, buffers: &[&Buf], item: u64) -> Res<Pipe> {
-        let compiled = compute_vulkan::spirv::compile(kernel, &self.dev.caps(), false)
+        let compiled = compute::vulkan::spirv::compile(kernel, &self.dev.caps(), false)
             .map_err(|e| e.to_string())?;
         let d = self.d();
         let n = buffers.len() as u32;
@@ -359,7 +371,7 @@ impl Raw {
     }
 
     /// Record with `f` into the command buffer and submit it (fence not waited).
-    fn submit(&self, f: impl FnOnce(&compute_vulkan::ash::Device, vk::CommandBuffer)) -> Res<()> {
+    fn submit(&self, f: impl FnOnce(&compute::vulkan::ash::Device, vk::CommandBuffer)) -> Res<()> {
         let d = self.d();
         // SAFETY: the command buffer is not pending (every submission is waited for before the
         // next); queue access is this thread's only.
@@ -392,7 +404,7 @@ impl Raw {
         }
     }
 
-    fn run(&self, f: impl FnOnce(&compute_vulkan::ash::Device, vk::CommandBuffer)) -> Res<()> {
+    fn run(&self, f: impl FnOnce(&compute::vulkan::ash::Device, vk::CommandBuffer)) -> Res<()> {
         self.submit(f)?;
         self.wait()
     }
@@ -414,7 +426,7 @@ impl Drop for Raw {
 /// execution; `vkCmdPipelineBarrier2` where synchronization2 is enabled, as the runtime does).
 /// The leanest raw recording of the same work.
 fn dispatches(
-    d: &compute_vulkan::ash::Device,
+    d: &compute::vulkan::ash::Device,
     sync2: bool,
     cb: vk::CommandBuffer,
     p: &Pipe,
@@ -465,7 +477,7 @@ fn dispatches(
 
 /// Record a buffer copy.
 fn copy_cmd(
-    d: &compute_vulkan::ash::Device,
+    d: &compute::vulkan::ash::Device,
     cb: vk::CommandBuffer,
     src: vk::Buffer,
     dst: vk::Buffer,

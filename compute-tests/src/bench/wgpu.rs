@@ -1,10 +1,10 @@
 //! wgpu rows: each against raw wgpu doing the same work in the same run, on its own device of the
 //! same adapter.
 
+use compute::wgpu::compiler::{ShaderCapabilities, compile};
+use compute::wgpu::{WgpuDevice, WgpuKernel, WgpuRuntime, wgpu};
 use compute_core::kernel::{KernelBuilder, KernelDefinition};
 use compute_core::{Bytes, ComputeClient, CubeCount, ElemType, KernelArguments, block_on};
-use compute_wgpu::compiler::{ShaderCapabilities, compile};
-use compute_wgpu::{WgpuDevice, WgpuKernel, WgpuRuntime, wgpu};
 
 use std::time::Instant;
 
@@ -15,12 +15,12 @@ const BACKEND: &str = "wgpu";
 
 /// Every wgpu row whose name contains `filter` (none when wgpu has no adapter here).
 pub fn run(filter: &str) -> Vec<Row> {
-    if let Err(reason) = compute_wgpu::availability() {
+    if let Err(reason) = compute::wgpu::availability() {
         eprintln!("bench: wgpu unavailable: {reason}");
         return Vec::new();
     }
     let client = ComputeClient::<WgpuRuntime>::load(&WgpuDevice::default());
-    let (device, queue) = match compute_wgpu::raw_device(WgpuDevice::default()) {
+    let (device, queue) = match compute::wgpu::raw_device(WgpuDevice::default()) {
         Ok(pair) => pair,
         Err(e) => {
             eprintln!("bench: raw wgpu device: {e}");
@@ -33,6 +33,18 @@ pub fn run(filter: &str) -> Vec<Row> {
     if wanted("launch") {
         progress("wgpu launch latency and host cost");
         rows.extend(launch(&client, &raw));
+    }
+    if wanted("kept kernel launch") {
+        progress("wgpu kept kernel launch, generic vs backend-specific");
+        let out = client.empty(4 * 256);
+        let kernel: WgpuKernel = super::kept::definition().into();
+        let args = super::kept::arguments(&out);
+        let mut specific = |n: usize| {
+            for _ in 0..n {
+                client.launch(kernel.clone(), CubeCount::Static(1, 1, 1), args.clone());
+            }
+        };
+        rows.extend(super::kept::rows("wgpu", &client, &out, &mut specific));
     }
     if wanted("bandwidth") {
         progress("wgpu copy kernel, upload and readback bandwidth (64 MiB)");

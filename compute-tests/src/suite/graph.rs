@@ -119,3 +119,73 @@ pub fn capture_beside_writes_on_other_streams<R: Runtime>(mut client: ComputeCli
     drop(graph);
     block_on(client.sync()).unwrap();
 }
+
+/// Capture, replay, drop every handle and then the graph, sync: the stream's memory in use is
+/// back to the figure before the capture at once (no later launch needed to release the
+/// buffers the graph bound).
+pub fn dropped_graph_frees_its_buffers_at_the_next_sync<R: Runtime>(mut client: ComputeClient<R>) {
+    // SAFETY: a dedicated capture stream used by this thread only.
+    unsafe { client.set_stream(StreamId::fresh()) };
+    let n = 64 * 1024;
+    let kernel = kernels::add_f32(1);
+    let before = client.stream_memory_usage().unwrap();
+    client.graph_prepare().unwrap();
+    let input = client.create(f32_bytes(&ramp(n, 1.0)));
+    let ones = client.create(f32_bytes(&vec![1.0; n]));
+    let mid = client.empty(n * 4);
+    let out = client.empty(n * 4);
+    kernels::launch_binary(&client, &kernel, &input, &ones, &mid, n, 1);
+    kernels::launch_binary(&client, &kernel, &mid, &mid, &out, n, 1);
+    block_on(client.sync()).unwrap();
+    client.start_capture().unwrap();
+    kernels::launch_binary(&client, &kernel, &input, &ones, &mid, n, 1);
+    kernels::launch_binary(&client, &kernel, &mid, &mid, &out, n, 1);
+    let graph = client.stop_capture().unwrap();
+    graph.replay().unwrap();
+    let expected: Vec<f32> = ramp(n, 1.0).iter().map(|v| (v + 1.0) * 2.0).collect();
+    assert_eq!(
+        client.read_one(out.clone()).unwrap().to_elems::<f32>(),
+        expected
+    );
+    let during = client.stream_memory_usage().unwrap();
+    assert_eq!(during.bytes_in_use, before.bytes_in_use + 4 * n as u64 * 4);
+    // A replay still queued when the graph goes.
+    graph.replay().unwrap();
+    drop((input, ones, mid, out));
+    drop(graph);
+    block_on(client.sync()).unwrap();
+    let after = client.stream_memory_usage().unwrap();
+    assert_eq!(
+        (after.number_allocs, after.bytes_in_use),
+        (before.number_allocs, before.bytes_in_use),
+        "after the sync, the graph's buffers are free: {after:?} (before the capture: {before:?})"
+    );
+}
+
+/// A graph replayed after every handle it bound but the output was dropped reads the right
+/// values: the graph keeps its buffers alive.
+pub fn graph_replays_after_its_handles_dropped<R: Runtime>(client: ComputeClient<R>) {
+    let forked = client.fork_stream();
+    let n = 2048;
+    let kernel = kernels::add_f32(1);
+    forked.graph_prepare().unwrap();
+    let input = forked.create(f32_bytes(&ramp(n, 3.0)));
+    let ones = forked.create(f32_bytes(&vec![1.0; n]));
+    let mid = forked.empty(n * 4);
+    let out = forked.empty(n * 4);
+    kernels::launch_binary(&forked, &kernel, &input, &ones, &mid, n, 1);
+    kernels::launch_binary(&forked, &kernel, &mid, &mid, &out, n, 1);
+    block_on(forked.sync()).unwrap();
+    forked.start_capture().unwrap();
+    kernels::launch_binary(&forked, &kernel, &input, &ones, &mid, n, 1);
+    kernels::launch_binary(&forked, &kernel, &mid, &mid, &out, n, 1);
+    let graph = forked.stop_capture().unwrap();
+    drop((input, ones, mid));
+    let expected: Vec<f32> = ramp(n, 3.0).iter().map(|v| (v + 1.0) * 2.0).collect();
+    for round in 0..3 {
+        forked.write(&out, f32_bytes(&vec![-1.0; n]));
+        graph.replay().unwrap();
+        let got = forked.read_one(out.clone()).unwrap().to_elems::<f32>();
+        assert_eq!(got, expected, "replay {round}");
+    }
+}

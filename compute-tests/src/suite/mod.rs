@@ -4,6 +4,7 @@ pub mod bad_input;
 pub mod collective;
 pub mod defects;
 pub mod devices;
+pub mod facade;
 pub mod graph;
 pub mod honest;
 pub mod ir_arith;
@@ -75,6 +76,11 @@ macro_rules! for_each_test {
             streams::read_after_write_across_streams,
             streams::eight_threads_hammer_one_device,
             streams::exclusive_keeps_others_out,
+            streams::forked_capture_rounds_return_reserved_memory,
+            streams::short_lived_threads_do_not_grow_reserved_memory,
+            streams::memory_cleanup_reaches_every_stream,
+            facade::facade_best_honours_the_override,
+            facade::facade_dispatch_runs_generic_code,
             ir_types::ir_types_load_store_every_elem,
             ir_types::ir_types_scalar_every_elem,
             ir_types::ir_types_bool_logic,
@@ -131,6 +137,8 @@ macro_rules! for_each_test {
             graph::graph_replay_with_refreshed_inputs,
             graph::capture_rejects_sync_and_fresh_allocation,
             graph::capture_beside_writes_on_other_streams,
+            graph::dropped_graph_frees_its_buffers_at_the_next_sync,
+            graph::graph_replays_after_its_handles_dropped,
             collective::all_reduce_sum_and_mean,
             collective::all_reduce_orders_with_compute,
             collective::collective_errors,

@@ -107,3 +107,110 @@ pub fn exclusive_keeps_others_out<R: Runtime>(client: ComputeClient<R>) {
         vec![2.0]
     );
 }
+
+/// 100 graph capture rounds, each on a forked stream (sizes varying), every handle, graph and
+/// forked client dropped: the device's reserved memory (on a server of its own, so that no other
+/// test's streams count) is back to the starting figure — each forked stream was retired.
+pub fn forked_capture_rounds_return_reserved_memory<R: Runtime>(client: ComputeClient<R>) {
+    let iso = ComputeClient::<R>::isolated(&R::Device::default()).unwrap();
+    drop(client);
+    let start = iso.memory_usage().unwrap();
+    let kernel = kernels::add_f32(1);
+    for round in 0..100 {
+        let n = 1024 * (1 + round % 4);
+        let forked = iso.fork_stream();
+        forked.graph_prepare().unwrap();
+        let input = forked.create(f32_bytes(&ramp(n, round as f32)));
+        let ones = forked.create(f32_bytes(&vec![1.0; n]));
+        let out = forked.empty(n * 4);
+        kernels::launch_binary(&forked, &kernel, &input, &ones, &out, n, 1);
+        sync(&forked);
+        forked.start_capture().unwrap();
+        kernels::launch_binary(&forked, &kernel, &input, &ones, &out, n, 1);
+        let graph = forked.stop_capture().unwrap();
+        forked.write(&out, f32_bytes(&vec![0.0; n]));
+        graph.replay().unwrap();
+        let got = forked.read_one(out.clone()).unwrap().to_elems::<f32>();
+        let expected: Vec<f32> = ramp(n, round as f32).iter().map(|v| v + 1.0).collect();
+        assert_eq!(got, expected, "round {round}");
+        drop((input, ones, out));
+        drop(graph);
+        drop(forked);
+    }
+    let end = iso.memory_usage().unwrap();
+    assert_eq!(
+        (end.number_allocs, end.bytes_in_use, end.bytes_reserved),
+        (
+            start.number_allocs,
+            start.bytes_in_use,
+            start.bytes_reserved
+        ),
+        "after 100 forked capture rounds: {end:?}, at the start: {start:?}"
+    );
+}
+
+/// 64 short-lived threads, each making a 1 KiB buffer on its default stream, reading it back
+/// and exiting: the device's reserved memory does not grow with the thread count (each thread's
+/// stream is retired when it exits).
+pub fn short_lived_threads_do_not_grow_reserved_memory<R: Runtime>(client: ComputeClient<R>) {
+    let iso = ComputeClient::<R>::isolated(&R::Device::default()).unwrap();
+    drop(client);
+    let one_thread = |i: usize| {
+        let c = iso.clone();
+        std::thread::spawn(move || {
+            let data: Vec<u8> = (0..1024).map(|j| ((i + j) % 251) as u8).collect();
+            let h = c.create(compute_core::Bytes::from_slice(&data));
+            assert_eq!(c.read_one(h).unwrap().to_vec(), data, "thread {i}");
+        })
+        .join()
+        .unwrap();
+    };
+    one_thread(0);
+    let after_one = iso.memory_usage().unwrap();
+    for batch in 0..8 {
+        let threads: Vec<_> = (0..8)
+            .map(|k| {
+                let c = iso.clone();
+                let i = 1 + batch * 8 + k;
+                std::thread::spawn(move || {
+                    let data: Vec<u8> = (0..1024).map(|j| ((i + j) % 251) as u8).collect();
+                    let h = c.create(compute_core::Bytes::from_slice(&data));
+                    assert_eq!(c.read_one(h).unwrap().to_vec(), data, "thread {i}");
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+    }
+    let after_all = iso.memory_usage().unwrap();
+    assert_eq!(
+        (after_all.number_allocs, after_all.bytes_reserved),
+        (after_one.number_allocs, after_one.bytes_reserved),
+        "after 64 more threads: {after_all:?}; after one: {after_one:?}"
+    );
+}
+
+/// `memory_cleanup` from one stream frees the free pages of every stream of the device.
+pub fn memory_cleanup_reaches_every_stream<R: Runtime>(client: ComputeClient<R>) {
+    let iso = ComputeClient::<R>::isolated(&R::Device::default()).unwrap();
+    drop(client);
+    let other = iso.fork_stream();
+    let handles: Vec<_> = (0..8).map(|i| other.empty(4096 * (i + 1))).collect();
+    drop(other.create(f32_bytes(&vec![2.0; 1 << 18])));
+    drop(handles);
+    sync(&other);
+    let before = other.stream_memory_usage().unwrap();
+    assert_eq!(before.number_allocs, 0);
+    assert!(before.bytes_reserved > 0);
+    // From the isolated client's (this thread's) stream, not `other`'s.
+    iso.memory_cleanup();
+    let after = other.stream_memory_usage().unwrap();
+    assert_eq!(
+        after.bytes_reserved, 0,
+        "cleanup from another stream left {} of {} bytes reserved",
+        after.bytes_reserved, before.bytes_reserved
+    );
+    let h = other.create(f32_bytes(&[1.0; 256]));
+    assert_eq!(other.read_one(h).unwrap().to_elems::<f32>(), vec![1.0; 256]);
+}

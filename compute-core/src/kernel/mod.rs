@@ -37,15 +37,20 @@
 //! assert_eq!(kernel.id(), kernel.clone().id());
 //! ```
 
+mod args;
 mod builder;
 mod definition;
 mod error;
+#[doc(hidden)]
+pub mod expand;
 mod hash;
 pub mod ir;
 mod scalar;
 mod types;
 
+pub use args::{BufferArg, KernelElem, KernelFloat, KernelInt};
 pub use builder::{Buffer, IntoValue, KernelBuilder, LocalArray, Memory, SharedArray, Value, Var};
+pub use compute_macros::kernel;
 pub use definition::{BufferLaunchInfo, KernelDefinition};
 pub use error::BuildError;
 pub use hash::KernelId;
@@ -58,5 +63,7 @@ pub use types::{
     VarDecl,
 };
 
+#[cfg(test)]
+mod macro_tests;
 #[cfg(test)]
 mod tests;

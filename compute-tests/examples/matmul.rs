@@ -70,11 +70,7 @@ impl Program for Matmul {
         let ha = client.create(Bytes::from_elem_slice(&a));
         let hb = client.create(Bytes::from_elem_slice(&b));
         let hc = client.empty(m * n * 4);
-        let count = CubeCount::Static(
-            (n as u32).div_ceil(TILE),
-            (m as u32).div_ceil(TILE),
-            1,
-        );
+        let count = CubeCount::Static((n as u32).div_ceil(TILE), (m as u32).div_ceil(TILE), 1);
         let start = std::time::Instant::now();
         matmul::launch::<f32>(&client, count, &ha, &hb, &hc, m as u32, n as u32, k as u32);
         let got = client
@@ -104,7 +100,10 @@ impl Program for Matmul {
                 want[i]
             ));
         }
-        println!("verified: all {} entries match the host matmul (tolerance 1e-4)", m * n);
+        println!(
+            "verified: all {} entries match the host matmul (tolerance 1e-4)",
+            m * n
+        );
         Ok(())
     }
 }

@@ -72,7 +72,13 @@ impl Program for Reduce {
         let cubes = (n / 4).div_ceil(per_cube);
         let partials = client.empty(cubes * 4);
         let start = std::time::Instant::now();
-        block_sum::launch::<4>(&client, CubeCount::new_1d(cubes as u32), &h, &partials, per_unit);
+        block_sum::launch::<4>(
+            &client,
+            CubeCount::new_1d(cubes as u32),
+            &h,
+            &partials,
+            per_unit,
+        );
         let scale = 1024.0f32;
         let total = client.create(Bytes::from_elem_slice(&[0i32]));
         fixed_total::launch(
@@ -110,10 +116,14 @@ impl Program for Reduce {
             fixed as f64 / scale as f64
         );
         if worst > 1e-5 {
-            return Err(format!("a partial differs from the host sum by {worst} (relative to its absolute sum)"));
+            return Err(format!(
+                "a partial differs from the host sum by {worst} (relative to its absolute sum)"
+            ));
         }
         if fixed as i64 != want_fixed {
-            return Err(format!("atomic total {fixed} != host total of the partials {want_fixed}"));
+            return Err(format!(
+                "atomic total {fixed} != host total of the partials {want_fixed}"
+            ));
         }
         println!("verified: {cubes} partials within 1e-5 of the host sums, atomic total exact");
         Ok(())

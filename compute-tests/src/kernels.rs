@@ -92,7 +92,13 @@ pub fn launch_slow_add<R: Runtime>(
     n: usize,
     iterations: u32,
 ) {
-    slow_add::launch(client, CubeCount::cover(n, CUBE_DIM), input, out, iterations);
+    slow_add::launch(
+        client,
+        CubeCount::cover(n, CUBE_DIM),
+        input,
+        out,
+        iterations,
+    );
 }
 
 #[cfg(test)]

@@ -59,6 +59,25 @@ impl BackendReport {
     }
 }
 
+/// One example run on one backend (`cargo run --example NAME` with `COMPUTE_BACKEND=BACKEND`).
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct ExampleReport {
+    /// The example.
+    pub example: String,
+    /// The backend it ran on.
+    pub backend: String,
+    /// Whether it exited 0 (built, ran, and verified its results).
+    pub ok: bool,
+}
+
+impl ExampleReport {
+    /// The human-readable line: `example NAME on BACKEND: verified|FAILED`.
+    pub fn line(&self) -> String {
+        let verdict = if self.ok { "verified" } else { "FAILED" };
+        format!("example {} on {}: {verdict}", self.example, self.backend)
+    }
+}
+
 /// The whole `test-all.json`.
 #[derive(Debug, Clone, Serialize)]
 pub struct TestAllReport {
@@ -66,6 +85,8 @@ pub struct TestAllReport {
     pub unit: UnitReport,
     /// One entry per built backend, in order.
     pub backends: Vec<BackendReport>,
+    /// Each example on each available backend.
+    pub examples: Vec<ExampleReport>,
     /// Every failure message, also printed on stderr.
     pub failures: Vec<String>,
     /// `true` when `failures` is empty (the exit code is 0).
@@ -153,6 +174,11 @@ mod tests {
                     reason: Some("no adapter".into()),
                 },
             ],
+            examples: vec![ExampleReport {
+                example: "matmul".into(),
+                backend: "cpu".into(),
+                ok: true,
+            }],
             failures: vec![],
             ok: true,
         };
@@ -165,6 +191,7 @@ mod tests {
                     {"backend": "cpu", "passed": 3, "failed": 0, "skipped": 0, "reason": null},
                     {"backend": "wgpu", "passed": 0, "failed": 0, "skipped": 3, "reason": "no adapter"}
                 ],
+                "examples": [{"example": "matmul", "backend": "cpu", "ok": true}],
                 "failures": [],
                 "ok": true
             })
@@ -182,6 +209,7 @@ mod tests {
                 skipped: 0,
             },
             backends: vec![],
+            examples: vec![],
             failures: vec!["x".into()],
             ok: false,
         };

@@ -25,7 +25,84 @@ builtins ABSOLUTE_POS UNIT_POS CUBE_POS CUBE_DIM CUBE_COUNT (and _X/_Y/_Z) PLANE
 sync_units(), select(c, a, b), plane_sum/prod/min/max/all/any/broadcast/shuffle/ballot, \
 `buf.len()`, `buf.rank()`, `buf.shape(d)`, `buf.stride(d)`, `buf.atomic_add(i, v)` and the other atomics";
 
-/// Lower a Rust function to a portable kernel; see `compute_core::kernel::kernel`.
+/// A kernel written as a Rust function, lowered to `compute_core`'s portable IR.
+///
+/// ```
+/// use compute_core::kernel::kernel;
+///
+/// /// `y = a * x + y`.
+/// #[kernel(cube_dim = 256)]
+/// fn saxpy(x: &[f32], y: &mut [f32], a: f32) {
+///     let i = ABSOLUTE_POS;
+///     if i < x.len() {
+///         y[i] = a.mul_add(x[i], y[i]);
+///     }
+/// }
+///
+/// let def = saxpy::definition(); // built once, kept
+/// assert_eq!(def.name(), "saxpy");
+/// assert_eq!(def.buffers().len(), 2);
+/// // saxpy::launch(&client, CubeCount::cover(n, 256), &x, &y, 2.0f32);
+/// ```
+///
+/// The attribute replaces the function by a module of the same name holding
+/// - `try_definition(..) -> Result<KernelDefinition, BuildError>`: builds the kernel afresh;
+/// - `definition(..) -> &'static KernelDefinition`: built once per set of build-time parameters
+///   and kept (panics with the build error if the kernel does not validate);
+/// - `launch(&client, count, args..)`: a bounds-checked launch; slice parameters take a
+///   `Handle` (or `&Handle`, `Binding`, `BufferArgument` with tensor metadata), scalar parameters
+///   their Rust type, so a wrong kind of argument is a compile error;
+/// - `unsafe launch_unchecked(..)`: the same without bounds checks.
+///
+/// The module does `use super::*`: constants and types the kernel names come from the module
+/// around it (so a `#[kernel]` function belongs at module level, not inside another function).
+///
+/// # Arguments
+/// `cube_dim = [x, y, z]` (or `cube_dim = x`), required; `name = expr` (anything `Display`,
+/// default the function's name), the kernel's name in the IR.
+///
+/// # Parameters
+/// - `x: &[T]` (read-only) and `x: &mut [T]` (read-write) global buffers; `&[[T; W]]` is a buffer
+///   of vectors of `W` (1, 2, 4, 8, 16); `T` is an element type (`f32`, `u32`, `half::f16`, ...)
+///   or a type parameter;
+/// - `a: T`: a scalar passed at launch;
+/// - `#[comptime] n: u32` (any integer or bool type): a build-time parameter, an argument of
+///   `definition` and `launch`; each value is a separate kernel;
+/// - generics: type parameters are element types (the macro adds the `KernelElem` bound;
+///   bound them by `KernelFloat` or `KernelInt` for documentation), const parameters are
+///   build-time constants (vector widths, tile sizes).
+///
+/// # Body
+/// Names that are neither parameters nor `let`s are Rust items evaluated while building: `const`s,
+/// const generics. Arithmetic on build-time values is folded while building (with the IR's
+/// semantics), so an `if` or `while` on them only is decided then: `#[comptime] let mut stride =
+/// CUBE / 2; while stride > 0 { ..; stride /= 2; }` unrolls. Unsuffixed literals take the type of
+/// the other operand (alone: `u32`, `i32` if negative, `f32`). `usize` stands for `u32`.
+///
+/// - `let x = e;` (an SSA value), `let x: T = e;`, `let mut x = e;` (a kernel variable),
+///   `#[comptime] let mut x = e;` (a binding rebound while building, e.g. in unrolled loops);
+/// - `+ - * / % & | ^ << >>`, their compound assignments, `== != < <= > >=`, `!`, unary `-`;
+///   `&&`/`||` evaluate their right side only where needed when it reads memory or calls
+///   something, otherwise both sides (on bools `&` and `|` are the eager forms);
+/// - `x as T`; methods `sqrt rsqrt exp ln ln_1p sin cos tanh erf floor ceil round_ties_even
+///   recip abs`, `min max powf`, `a.mul_add(b, c)` (`a * b + c`, fused), `x.clamp(lo, hi)`;
+///   `select(c, a, b)`;
+/// - `if`/`else`, `for i in a..b`, `for i in (a..b).step_by(s)`, `#[unroll] for` on build-time
+///   bounds, `while`, `loop`, `break`, `continue`, `return`;
+/// - `x[i]` on buffers, shared memory and local arrays (checked launches read 0 and drop stores
+///   out of range on buffers; shared and local arrays always), `v[c]` on vectors (constant `c`),
+///   `[x; W]` and `[a, b, c, d]` vectors;
+/// - `SharedMemory::<T>::new(len)` and `LocalArray::<T>::new(len)` (`T` may be `[E; W]`);
+/// - builtins `ABSOLUTE_POS`, `UNIT_POS`, `CUBE_POS`, `CUBE_DIM`, `CUBE_COUNT` (each also
+///   `_X`, `_Y`, `_Z`), `PLANE_DIM`, `UNIT_POS_PLANE`; `sync_units()`;
+/// - `plane_sum/prod/min/max/all/any(x)`, `plane_broadcast(x, lane)`, `plane_shuffle(x, lane)`,
+///   `plane_ballot(c)`;
+/// - `buf.len()`, `buf.rank()`, `buf.shape(d)`, `buf.stride(d)`; `mem.atomic_add(i, v)` (also
+///   `atomic_sub/min/max/and/or/xor/exchange`), `atomic_load(i)`, `atomic_store(i, v)`,
+///   `atomic_compare_exchange(i, expected, v)`.
+///
+/// Anything else is a compile error at the construct, with this list. Type errors (mixing `f32`
+/// and `u32`, storing the wrong type) are reported by `try_definition` with the builder's message.
 #[proc_macro_attribute]
 pub fn kernel(attr: TokenStream, item: TokenStream) -> TokenStream {
     match expand(attr.into(), item.into()) {

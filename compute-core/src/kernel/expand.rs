@@ -83,6 +83,20 @@ macro_rules! const_count {
 
 const_count!(u8, u16, u32, u64, usize, i32, i64);
 
+/// A build-time `Expr` (a `#[comptime]` parameter, a folded constant) as a count.
+impl ConstCount for Expr {
+    fn count(self) -> Option<u32> {
+        match self {
+            Expr::Int(i) => u32::try_from(i).ok(),
+            Expr::Const(c) => match Num::of(c) {
+                Num::Int(i, _) => u32::try_from(i).ok(),
+                _ => None,
+            },
+            _ => None,
+        }
+    }
+}
+
 /// A kernel's cube dimension: `[x, y, z]` or a single `x`.
 pub trait CubeDimArg {
     /// `[x, y, z]`.

@@ -74,10 +74,10 @@ fn ir() -> Tokens {
 /// `<T as KernelElem>::ELEM`, with `usize` standing for the kernel index type `u32`.
 fn elem_of(ty: &Type) -> Tokens {
     let k = ir();
-    if let Type::Path(p) = ty {
-        if p.path.is_ident("usize") {
-            return quote!(::compute_core::ElemType::U32);
-        }
+    if let Type::Path(p) = ty
+        && p.path.is_ident("usize")
+    {
+        return quote!(::compute_core::ElemType::U32);
     }
     quote_spanned!(ty.span()=> <#ty as #k::KernelElem>::ELEM)
 }
@@ -254,7 +254,7 @@ fn array_decl(e: &Expr) -> Option<Result<(bool, Type, &Expr)>> {
         },
         _ => {
             return Some(Err(Error::new_spanned(
-                &segs[0],
+                segs[0],
                 "name the element type: `SharedMemory::<f32>::new(len)`, `LocalArray::<[f32; 4]>::new(len)`",
             )));
         }
@@ -552,14 +552,14 @@ impl Lowerer {
                     quote!({ let __r = #r; let __i = #i; let __n = #new; __k.store(#mem, __i, __n); }),
                 );
             }
-            if let Some(id) = single_ident(&ix.expr) {
-                if let Some(Sym::Var) = self.find(id) {
-                    let lane = self.expr(&ix.index)?.ts;
-                    let new = combine(quote!({ let __v = __k.get(#id); __k.extract(__v, __l) }));
-                    return Ok(
-                        quote!({ let __r = #r; let __l = #lane; let __n = #new; __k.insert(#id, __l, __n); }),
-                    );
-                }
+            if let Some(id) = single_ident(&ix.expr)
+                && let Some(Sym::Var) = self.find(id)
+            {
+                let lane = self.expr(&ix.index)?.ts;
+                let new = combine(quote!({ let __v = __k.get(#id); __k.extract(__v, __l) }));
+                return Ok(
+                    quote!({ let __r = #r; let __l = #lane; let __n = #new; __k.insert(#id, __l, __n); }),
+                );
             }
         }
         Err(unsupported(

@@ -53,8 +53,12 @@ fn control(out: &mut [u32], n: u32) {
 
 /// The host model of [`control`].
 fn control_host(i: u32) -> u32 {
-    let mut v = if i % 3 == 0 {
-        if i % 2 == 0 { i * 10 } else { i + 1000 }
+    let mut v = if i.is_multiple_of(3) {
+        if i.is_multiple_of(2) {
+            i * 10
+        } else {
+            i + 1000
+        }
     } else {
         i.saturating_sub(100) + 7
     };

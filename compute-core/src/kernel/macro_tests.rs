@@ -168,3 +168,81 @@ fn generic_kernel_matches_its_twins() {
         mix::definition::<f32, 4>()
     ));
 }
+
+/// `&&` whose right side reads memory runs it only where the left side holds.
+#[kernel(cube_dim = 64)]
+fn guarded(x: &[u32], out: &mut [u32]) {
+    let i = ABSOLUTE_POS;
+    if i < x.len() && x[i] > 3 {
+        out[i] = 1;
+    }
+}
+
+#[test]
+fn short_circuit_reads_only_where_needed() {
+    let mut k = KernelBuilder::new("guarded", [64, 1, 1]);
+    let x = k.input("x", ElemType::U32, 1);
+    let out = k.output("out", ElemType::U32, 1);
+    let i = k.absolute_pos();
+    let n = k.len(x);
+    let inside = k.lt(i, n);
+    let and = k.var_named("and", inside);
+    k.if_(inside, |k| {
+        let v = k.load(x, i);
+        let big = k.gt(v, 3u32);
+        k.assign(and, big);
+    });
+    let c = k.get(and);
+    k.if_(c, |k| k.store(out, i, 1u32));
+    same(guarded::definition(), k);
+}
+
+/// A `#[comptime]` parameter: an `if` on it keeps one branch; constants fold (`-1` and `N * 2`
+/// are literals of the operand's type, not kernel operations).
+#[kernel(cube_dim = 32)]
+fn offset(out: &mut [i32], #[comptime] negate: bool, #[comptime] n: u32) {
+    let i = ABSOLUTE_POS;
+    let scale = n * 2;
+    if negate {
+        out[i] = (i * scale) as i32 * -1;
+    } else {
+        out[i] = (i * scale) as i32;
+    }
+}
+
+#[test]
+fn comptime_parameters_select_and_fold() {
+    for negate in [false, true] {
+        let mut k = KernelBuilder::new("offset", [32, 1, 1]);
+        let out = k.output("out", ElemType::I32, 1);
+        let i = k.absolute_pos();
+        let v = k.mul(i, 6u32);
+        let v = k.cast(v, ElemType::I32);
+        let v = if negate { k.mul(v, -1i32) } else { v };
+        k.store(out, i, v);
+        same(offset::definition(negate, 3), k);
+    }
+    assert!(!std::ptr::eq(
+        offset::definition(true, 3),
+        offset::definition(false, 3)
+    ));
+    assert!(std::ptr::eq(
+        offset::definition(true, 3),
+        offset::definition(true, 3)
+    ));
+}
+
+/// Type errors are the builder's, reported by `try_definition`.
+#[kernel(cube_dim = 32)]
+fn mixes_types(x: &[f32], out: &mut [u32]) {
+    out[ABSOLUTE_POS] = x[ABSOLUTE_POS] + 1u32;
+}
+
+#[test]
+fn type_errors_come_from_the_builder() {
+    let e = mixes_types::try_definition().unwrap_err();
+    assert!(
+        matches!(e, crate::kernel::BuildError::Type { ref op, .. } if op == "add"),
+        "{e}"
+    );
+}

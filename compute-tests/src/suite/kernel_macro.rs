@@ -276,15 +276,21 @@ pub fn kernel_macro_tensor_metadata<R: Runtime>(client: ComputeClient<R>) {
 /// A plane sum of the unit's index, written by every unit (plane-size independent check: the sum
 /// over each plane of `UNIT_POS_PLANE` is `p (p - 1) / 2`).
 #[kernel(cube_dim = 64)]
-fn plane_total(out: &mut [u32]) {
+fn plane_total(out: &mut [u32], lanes: &mut [u32]) {
     let i = ABSOLUTE_POS;
     out[i] = plane_sum(UNIT_POS_PLANE) * 1000 + PLANE_DIM;
+    // Lane 1's position in the cube, broadcast; each unit's neighbour's lane by shuffle.
+    let next = (UNIT_POS_PLANE + 1) % PLANE_DIM;
+    lanes[2 * i] = plane_broadcast(UNIT_POS, 1) - (UNIT_POS - UNIT_POS_PLANE);
+    lanes[2 * i + 1] = plane_shuffle(UNIT_POS_PLANE, next);
 }
 
-/// `plane_sum`, `UNIT_POS_PLANE` and `PLANE_DIM` in `#[kernel]`.
+/// `plane_sum`, `plane_broadcast`, `plane_shuffle`, `UNIT_POS_PLANE` and `PLANE_DIM` in
+/// `#[kernel]`.
 pub fn kernel_macro_plane_sum<R: Runtime>(client: ComputeClient<R>) {
     let out = zeros::<R, u32>(&client, 64);
-    plane_total::launch(&client, CubeCount::new_1d(1), &out);
+    let lanes = zeros::<R, u32>(&client, 128);
+    plane_total::launch(&client, CubeCount::new_1d(1), &out, &lanes);
     if !feature_gate(&client, client.features().plane_ops, "plane operations") {
         return;
     }
@@ -293,6 +299,12 @@ pub fn kernel_macro_plane_sum<R: Runtime>(client: ComputeClient<R>) {
     assert!(p > 0 && 64 % p == 0, "plane size {p} divides the cube");
     let expected = vec![p * (p - 1) / 2 * 1000 + p; 64];
     assert_same(&got, &expected, "plane sums");
+    let expected: Vec<u32> = (0..64u32).flat_map(|u| [1, (u % p + 1) % p]).collect();
+    assert_same(
+        &download::<R, u32>(&client, &lanes),
+        &expected,
+        "plane broadcast of lane 1, shuffle from the next lane",
+    );
 }
 
 /// `launch_unchecked` of an in-bounds kernel computes the same as `launch`.

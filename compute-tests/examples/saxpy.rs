@@ -4,20 +4,22 @@
 //! vulkan, wgpu, cpu, or the one `COMPUTE_BACKEND` names (`COMPUTE_BACKEND=cpu` forces the CPU).
 
 use compute::{Backend, RunOn};
-use compute_core::{Bytes, ComputeClient, CubeCount, KernelArguments, Runtime};
+use compute_core::kernel::kernel;
+use compute_core::{Bytes, ComputeClient, CubeCount, Runtime};
+
+/// `y = a * x + y`: every unit of the launch handles one element.
+#[kernel(cube_dim = 256)]
+fn saxpy(x: &[f32], y: &mut [f32], a: f32) {
+    let i = ABSOLUTE_POS;
+    if i < x.len() {
+        y[i] = a.mul_add(x[i], y[i]);
+    }
+}
 
 fn saxpy<R: Runtime>(client: &ComputeClient<R>, a: f32, x: &[f32], y: &[f32]) -> Vec<f32> {
-    let kernel = compute_tests::kernels::saxpy();
     let hx = client.create(Bytes::from_elem_slice(x));
     let hy = client.create(Bytes::from_elem_slice(y));
-    client.launch(
-        kernel.into(),
-        CubeCount::cover(x.len(), compute_tests::kernels::CUBE_DIM),
-        KernelArguments::new()
-            .buffer(hx.binding())
-            .buffer(hy.clone().binding())
-            .scalar(a),
-    );
+    saxpy::launch(client, CubeCount::cover(x.len(), 256), &hx, &hy, a);
     client
         .read_one(hy)
         .expect("reading y back")

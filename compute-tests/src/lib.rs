@@ -8,6 +8,7 @@
 
 pub mod backends;
 pub mod bench;
+pub mod example;
 pub mod expectations;
 pub mod kernels;
 pub mod suite;

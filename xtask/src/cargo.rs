@@ -77,7 +77,11 @@ impl Cargo {
 
     /// The command line, for messages.
     pub fn display(&self) -> String {
-        let mut line = String::from("cargo");
+        let mut line = String::new();
+        for (k, v) in &self.envs {
+            line.push_str(&format!("{k}={} ", v.to_string_lossy()));
+        }
+        line.push_str("cargo");
         for arg in &self.args {
             line.push(' ');
             line.push_str(arg);

@@ -59,6 +59,25 @@ impl BackendReport {
     }
 }
 
+/// One example run on one backend (`cargo run --example NAME` with `COMPUTE_BACKEND=BACKEND`).
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct ExampleReport {
+    /// The example.
+    pub example: String,
+    /// The backend it ran on.
+    pub backend: String,
+    /// Whether it exited 0 (built, ran, and verified its results).
+    pub ok: bool,
+}
+
+impl ExampleReport {
+    /// The human-readable line: `example NAME on BACKEND: verified|FAILED`.
+    pub fn line(&self) -> String {
+        let verdict = if self.ok { "verified" } else { "FAILED" };
+        format!("example {} on {}: {verdict}", self.example, self.backend)
+    }
+}
+
 /// The whole `test-all.json`.
 #[derive(Debug, Clone, Serialize)]
 pub struct TestAllReport {
@@ -68,6 +87,8 @@ pub struct TestAllReport {
     pub backends: Vec<BackendReport>,
     /// Tests that passed a reduced form only (`name: reason`); their counts are in `skipped`.
     pub reduced: Vec<String>,
+    /// Each example on each available backend.
+    pub examples: Vec<ExampleReport>,
     /// Every failure message, also printed on stderr.
     pub failures: Vec<String>,
     /// `true` when `failures` is empty (the exit code is 0).
@@ -156,6 +177,11 @@ mod tests {
                 },
             ],
             reduced: Vec::new(),
+            examples: vec![ExampleReport {
+                example: "matmul".into(),
+                backend: "cpu".into(),
+                ok: true,
+            }],
             failures: vec![],
             ok: true,
         };
@@ -169,6 +195,7 @@ mod tests {
                     {"backend": "wgpu", "passed": 0, "failed": 0, "skipped": 3, "reason": "no adapter"}
                 ],
                 "reduced": [],
+                "examples": [{"example": "matmul", "backend": "cpu", "ok": true}],
                 "failures": [],
                 "ok": true
             })
@@ -187,6 +214,7 @@ mod tests {
             },
             backends: vec![],
             reduced: Vec::new(),
+            examples: vec![],
             failures: vec!["x".into()],
             ok: false,
         };

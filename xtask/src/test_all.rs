@@ -5,7 +5,7 @@ use crate::backends::{self, Availability, KNOWN, Selection};
 use crate::cargo::{Cargo, feature_args};
 use crate::libtest::{Counts, count_listed_tests, parse_run, passed_names};
 use crate::paths::target_dir;
-use crate::report::{self, BackendReport, TestAllReport, UnitReport};
+use crate::report::{self, BackendReport, ExampleReport, TestAllReport, UnitReport};
 use crate::verdict::{Verdict, apply_reduced, judge};
 
 /// Env var naming backends that must run (comma-separated).
@@ -13,6 +13,13 @@ pub const REQUIRE_ENV: &str = "COMPUTE_REQUIRE_BACKENDS";
 
 /// The integration test target holding the conformance suite.
 const CONFORMANCE: &str = "conformance";
+
+/// The examples of compute-tests, each run on every available backend; each checks its results
+/// and exits non-zero on a mismatch.
+const EXAMPLES: [&str; 3] = ["saxpy", "matmul", "reduce"];
+
+/// The env var the examples read to pick their backend.
+const EXAMPLE_BACKEND_ENV: &str = "COMPUTE_BACKEND";
 
 /// Run test-all; returns the process exit code.
 pub fn run() -> i32 {
@@ -62,6 +69,14 @@ pub fn run() -> i32 {
         reports.push(report);
     }
 
+    let available: Vec<String> = probe
+        .backends
+        .iter()
+        .filter(|(_, a)| matches!(a, Availability::Available))
+        .map(|(name, _)| name.clone())
+        .collect();
+    let examples = run_examples(&available, &enabled, &mut failures);
+
     let required = backends::env_name_list(REQUIRE_ENV).unwrap_or_default();
     let required_failures = check_required(&required, &selection, &reports);
 
@@ -87,6 +102,9 @@ pub fn run() -> i32 {
     for r in &reduced {
         println!("  skipped (reduced run): {r}");
     }
+    for example in &examples {
+        println!("{}", example.line());
+    }
     for message in &required_failures {
         println!("{message}");
     }
@@ -96,6 +114,7 @@ pub fn run() -> i32 {
         unit,
         backends: reports,
         reduced,
+        examples,
         ok: failures.is_empty(),
         failures,
     };
@@ -250,6 +269,51 @@ fn run_suite(
     }
 }
 
+/// The `cargo run` arguments of one example, built with the suite's features.
+fn example_args(example: &str, enabled: &[String]) -> Vec<String> {
+    let mut args: Vec<String> = vec!["run".into(), "-p".into(), "compute-tests".into()];
+    args.extend(feature_args(enabled));
+    args.extend(["--example".into(), example.into()]);
+    args
+}
+
+/// Run every example on every available backend; a failed example is a failure of test-all.
+fn run_examples(
+    available: &[String],
+    enabled: &[String],
+    failures: &mut Vec<String>,
+) -> Vec<ExampleReport> {
+    let mut reports = Vec::new();
+    for backend in available {
+        for example in EXAMPLES {
+            let cargo =
+                Cargo::new(example_args(example, enabled)).env(EXAMPLE_BACKEND_ENV, backend);
+            eprintln!("xtask: running {} ...", cargo.display());
+            let ok = match cargo.tee() {
+                Ok(c) if c.status.success() => true,
+                Ok(c) => {
+                    failures.push(format!(
+                        "example {example} on {backend} failed ({}): {}",
+                        c.status,
+                        cargo.display()
+                    ));
+                    false
+                }
+                Err(e) => {
+                    failures.push(format!("could not run `{}`: {e}", cargo.display()));
+                    false
+                }
+            };
+            reports.push(ExampleReport {
+                example: example.into(),
+                backend: backend.clone(),
+                ok,
+            });
+        }
+    }
+    reports
+}
+
 /// How many conformance tests a backend has (for a skipped backend).
 fn list_tests(name: &str, enabled: &[String]) -> u64 {
     let mut args = suite_args(name, enabled);
@@ -344,6 +408,27 @@ mod tests {
                 "wgpu::",
             ])
         );
+    }
+
+    #[test]
+    fn example_args_share_the_suite_features() {
+        assert_eq!(
+            example_args("matmul", &names(&["cpu", "vulkan"])),
+            names(&[
+                "run",
+                "-p",
+                "compute-tests",
+                "--no-default-features",
+                "--features",
+                "cpu,vulkan",
+                "--example",
+                "matmul",
+            ])
+        );
+        let line = Cargo::new(["run"])
+            .env(EXAMPLE_BACKEND_ENV, "wgpu")
+            .display();
+        assert_eq!(line, "COMPUTE_BACKEND=wgpu cargo run");
     }
 
     #[test]

@@ -78,6 +78,24 @@ pub struct LocalArray {
     index: u32,
 }
 
+/// An `if` whose blocks are being written (see [`KernelBuilder::begin_if`]).
+#[derive(Debug)]
+pub(super) struct OpenIf {
+    cond: Value,
+    ok: bool,
+    then: Option<Block>,
+}
+
+/// A range loop whose body is being written (see [`KernelBuilder::begin_range`]).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct OpenRange {
+    pub(super) var: Value,
+    start: Value,
+    end: Value,
+    step: Value,
+    ok: bool,
+}
+
 /// Memory that [`KernelBuilder::load`] and [`KernelBuilder::store`] address: a [`Buffer`], a
 /// [`SharedArray`] or a [`LocalArray`].
 pub trait Memory: Copy {
@@ -1158,16 +1176,11 @@ impl KernelBuilder {
         otherwise: impl FnOnce(&mut Self),
     ) {
         let cond = cond.into_value(self);
-        let ok = self.use_value("if", cond) && self.check_condition("if", cond);
-        let then = self.nested(then);
-        let otherwise = self.nested(otherwise);
-        if ok {
-            self.push(Stmt::If {
-                cond: cond.id(),
-                then,
-                otherwise,
-            });
-        }
+        let open = self.begin_if(cond);
+        then(self);
+        let open = self.begin_else(open);
+        otherwise(self);
+        self.end_if(open);
     }
 
     /// `for i in (start..end).step_by(step)` on integer scalars of one type; `body` gets `i`.
@@ -1179,10 +1192,56 @@ impl KernelBuilder {
         step: impl IntoValue,
         body: impl FnOnce(&mut Self, Value),
     ) {
-        let op = "range";
         let start = start.into_value(self);
         let end = end.into_value(self);
         let step = step.into_value(self);
+        let open = self.begin_range(start, end, step);
+        body(self, open.var);
+        self.end_range(open);
+    }
+
+    /// A loop that runs until [`break_`](Self::break_) or [`return_`](Self::return_).
+    pub fn loop_(&mut self, body: impl FnOnce(&mut Self)) {
+        self.begin_loop();
+        body(self);
+        self.end_loop();
+    }
+
+    // ----- blocks opened and closed explicitly (the `#[kernel]` expansion uses these) -----
+
+    /// Open the `then` block of an `if` on `cond`.
+    pub(super) fn begin_if(&mut self, cond: Value) -> OpenIf {
+        let ok = self.use_value("if", cond) && self.check_condition("if", cond);
+        self.open();
+        OpenIf {
+            cond,
+            ok,
+            then: None,
+        }
+    }
+
+    /// Close the `then` block and open the `otherwise` block.
+    pub(super) fn begin_else(&mut self, mut open: OpenIf) -> OpenIf {
+        open.then = Some(self.close());
+        self.open();
+        open
+    }
+
+    /// Close the `otherwise` block and append the `if`.
+    pub(super) fn end_if(&mut self, open: OpenIf) {
+        let otherwise = self.close();
+        if open.ok {
+            self.push(Stmt::If {
+                cond: open.cond.id(),
+                then: open.then.unwrap_or_default(),
+                otherwise,
+            });
+        }
+    }
+
+    /// Open the body of a range loop; the counter is `var` of the result.
+    pub(super) fn begin_range(&mut self, start: Value, end: Value, step: Value) -> OpenRange {
+        let op = "range";
         let mut ok = [start, end, step].iter().all(|&v| self.use_value(op, v));
         if ok
             && (start.item.width != 1
@@ -1205,26 +1264,51 @@ impl KernelBuilder {
         self.open();
         let var = self.new_value(start.item, "i".to_owned());
         self.loop_depth += 1;
-        body(self, var);
+        OpenRange {
+            var,
+            start,
+            end,
+            step,
+            ok,
+        }
+    }
+
+    /// Close the body of a range loop and append the loop.
+    pub(super) fn end_range(&mut self, open: OpenRange) {
         self.loop_depth -= 1;
         let body = self.close();
-        if ok {
+        if open.ok {
             self.push(Stmt::Range {
-                var: var.id(),
-                start: start.id(),
-                end: end.id(),
-                step: step.id(),
+                var: open.var.id(),
+                start: open.start.id(),
+                end: open.end.id(),
+                step: open.step.id(),
                 body,
             });
         }
     }
 
-    /// A loop that runs until [`break_`](Self::break_) or [`return_`](Self::return_).
-    pub fn loop_(&mut self, body: impl FnOnce(&mut Self)) {
+    /// Open the body of a `loop`.
+    pub(super) fn begin_loop(&mut self) {
         self.loop_depth += 1;
-        let body = self.nested(body);
+        self.open();
+    }
+
+    /// Close the body of a `loop` and append it.
+    pub(super) fn end_loop(&mut self) {
+        let body = self.close();
         self.loop_depth -= 1;
         self.push(Stmt::Loop { body });
+    }
+
+    /// The item of a memory's entries, `None` (with the error recorded) for a foreign handle.
+    pub(super) fn memory_item(&mut self, op: &str, mem: impl Memory) -> Option<Item> {
+        self.memory(op, mem).map(|(item, _)| item)
+    }
+
+    /// Record a mistake that `build` will return.
+    pub(super) fn record_type_error(&mut self, op: &str, detail: String) {
+        self.type_error(op, detail);
     }
 
     /// Leave the innermost loop.
@@ -1271,12 +1355,6 @@ impl KernelBuilder {
         Block {
             stmts: self.blocks.pop().unwrap_or_default(),
         }
-    }
-
-    fn nested(&mut self, f: impl FnOnce(&mut Self)) -> Block {
-        self.open();
-        f(self);
-        self.close()
     }
 
     fn new_value(&mut self, item: Item, name: String) -> Value {

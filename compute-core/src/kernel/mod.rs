@@ -37,16 +37,21 @@
 //! assert_eq!(kernel.id(), kernel.clone().id());
 //! ```
 
+mod args;
 mod builder;
 mod definition;
 mod error;
+#[doc(hidden)]
+pub mod expand;
 mod hash;
 pub mod ir;
 mod scalar;
 mod types;
 mod validate;
 
+pub use args::{BufferArg, KernelElem, KernelFloat, KernelInt};
 pub use builder::{Buffer, IntoValue, KernelBuilder, LocalArray, Memory, SharedArray, Value, Var};
+pub use compute_macros::kernel;
 pub use definition::KernelDefinition;
 pub use error::BuildError;
 pub use hash::KernelId;
@@ -60,5 +65,7 @@ pub use types::{
 };
 pub use validate::ValidationError;
 
+#[cfg(test)]
+mod macro_tests;
 #[cfg(test)]
 mod tests;

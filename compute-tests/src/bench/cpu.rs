@@ -4,7 +4,7 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 use compute::cpu::{CpuDevice, CpuKernel, CpuRuntime, CpuStorage};
-use compute_core::kernel::KernelBuilder;
+use compute_core::kernel::{KernelBuilder, kernel};
 use compute_core::storage::ComputeStorage;
 use compute_core::{Bytes, ComputeClient, CubeCount, KernelArguments, block_on};
 
@@ -105,11 +105,12 @@ fn create_read_bandwidth(client: &ComputeClient<CpuRuntime>) -> Row {
     )
 }
 
+/// Does nothing: the launch-overhead probe.
+#[kernel(cube_dim = 1)]
+fn empty(out: &mut [f32]) {}
+
 fn launch(client: &ComputeClient<CpuRuntime>) -> Vec<Row> {
-    let mut k = KernelBuilder::new("empty", [1, 1, 1]);
-    let out = k.output("out", compute_core::ElemType::F32, 1);
-    let _ = out;
-    let kernel: CpuKernel = k.build().expect("empty kernel").into();
+    let kernel: CpuKernel = empty::definition().clone().into();
     let buffer = client.empty(4);
     let args = KernelArguments::new().buffer(buffer.binding());
     let launch_once = || client.launch(kernel.clone(), CubeCount::Static(1, 1, 1), args.clone());

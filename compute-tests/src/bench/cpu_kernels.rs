@@ -6,7 +6,7 @@
 use std::time::{Duration, Instant};
 
 use compute::cpu::{CpuKernel, CpuRuntime};
-use compute_core::kernel::{KernelBuilder, KernelDefinition};
+use compute_core::kernel::{KernelBuilder, KernelDefinition, kernel};
 use compute_core::{ComputeClient, CubeCount, ElemType, Handle, KernelArguments, block_on};
 use rayon::prelude::*;
 
@@ -82,21 +82,21 @@ fn time(mut f: impl FnMut()) -> f64 {
 // ----- elementwise -----
 
 /// `c[i] = a[i] + b[i]` over vectors of `width`, guarded by the buffer length.
+#[kernel(cube_dim = CUBE, name = "bench_add")]
+fn bench_add(
+    a: &[[f32; width]],
+    b: &[[f32; width]],
+    c: &mut [[f32; width]],
+    #[comptime] width: u8,
+) {
+    let i = ABSOLUTE_POS;
+    if i < c.len() {
+        c[i] = a[i] + b[i];
+    }
+}
+
 fn add_kernel(width: u8) -> KernelDefinition {
-    let mut k = KernelBuilder::new("bench_add", [CUBE, 1, 1]);
-    let a = k.input("a", ElemType::F32, width);
-    let b = k.input("b", ElemType::F32, width);
-    let c = k.output("c", ElemType::F32, width);
-    let i = k.absolute_pos();
-    let n = k.len(c);
-    let inside = k.lt(i, n);
-    k.if_(inside, |k| {
-        let x = k.load(a, i);
-        let y = k.load(b, i);
-        let s = k.add(x, y);
-        k.store(c, i, s);
-    });
-    k.build().expect("add kernel")
+    bench_add::definition(width).clone()
 }
 
 fn elementwise(client: &ComputeClient<CpuRuntime>) -> Row {
@@ -157,56 +157,46 @@ const ITEMS: u32 = 16;
 /// Per-cube sums of `width`-vectors: each unit adds `ITEMS` entries, strided by the cube size so
 /// every load of the cube is one contiguous run, then a tree over shared memory with barriers;
 /// unit 0 writes the cube's partial.
-fn reduce_kernel(width: u8) -> KernelDefinition {
-    let mut k = KernelBuilder::new("bench_reduce", [CUBE, 1, 1]);
-    let input = k.input("input", ElemType::F32, width);
-    let partials = k.output("partials", ElemType::F32, 1);
-    let tree = k.shared("tree", ElemType::F32, 1, CUBE);
-    let unit = k.unit_pos();
-    let cube = k.cube_pos();
-    let n = k.len(input);
-    let zero = k.splat(0.0f32, width);
-    let acc = k.var(zero);
-    let base = k.mul(cube, CUBE * ITEMS);
-    let base = k.add(base, unit);
-    k.range(0u32, ITEMS, 1u32, |k, j| {
-        let off = k.mul(j, CUBE);
-        let i = k.add(base, off);
-        let inside = k.lt(i, n);
-        k.if_(inside, |k| {
-            let x = k.load(input, i);
-            let s = k.get(acc);
-            let s = k.add(s, x);
-            k.assign(acc, s);
-        });
-    });
-    let v = k.get(acc);
-    let mut s = k.extract(v, 0);
-    for c in 1..width {
-        let x = k.extract(v, c);
-        s = k.add(s, x);
+#[kernel(cube_dim = CUBE, name = "bench_reduce")]
+fn bench_reduce(input: &[[f32; width]], partials: &mut [f32], #[comptime] width: u8) {
+    let tree = SharedMemory::<f32>::new(CUBE);
+    let unit = UNIT_POS;
+    let cube = CUBE_POS;
+    let n = input.len();
+    let mut acc = [0.0f32; width];
+    let base = cube * (CUBE * ITEMS) + unit;
+    for j in 0..ITEMS {
+        let i = base + j * CUBE;
+        if i < n {
+            acc += input[i];
+        }
     }
-    k.store(tree, unit, s);
-    k.barrier();
+    let v = acc;
+    #[comptime]
+    let mut s = v[0];
+    #[unroll]
+    for c in 1..width {
+        s = s + v[c];
+    }
+    tree[unit] = s;
+    sync_units();
+    #[comptime]
     let mut stride = CUBE / 2;
     while stride > 0 {
-        let active = k.lt(unit, stride);
-        k.if_(active, |k| {
-            let other = k.add(unit, stride);
-            let x = k.load(tree, unit);
-            let y = k.load(tree, other);
-            let s = k.add(x, y);
-            k.store(tree, unit, s);
-        });
-        k.barrier();
+        if unit < stride {
+            let other = unit + stride;
+            tree[unit] = tree[unit] + tree[other];
+        }
+        sync_units();
         stride /= 2;
     }
-    let first = k.eq(unit, 0u32);
-    k.if_(first, |k| {
-        let total = k.load(tree, 0u32);
-        k.store(partials, cube, total);
-    });
-    k.build().expect("reduce kernel")
+    if unit == 0 {
+        partials[cube] = tree[0];
+    }
+}
+
+fn reduce_kernel(width: u8) -> KernelDefinition {
+    bench_reduce::definition(width).clone()
 }
 
 fn reduction(client: &ComputeClient<CpuRuntime>) -> Row {
@@ -456,60 +446,43 @@ fn matmul(client: &ComputeClient<CpuRuntime>) -> Row {
 /// Kernels of different shapes: the three above, axpy, and one with loops, breaks, atomics and
 /// plane ops.
 fn compile_kernels() -> Vec<KernelDefinition> {
-    let mut axpy = KernelBuilder::new("bench_axpy", [256, 1, 1]);
-    let x = axpy.input("x", ElemType::F32, 4);
-    let y = axpy.output("y", ElemType::F32, 4);
-    let s = axpy.scalar("a", ElemType::F32);
-    let i = axpy.absolute_pos();
-    let n = axpy.len(y);
-    let inside = axpy.lt(i, n);
-    axpy.if_(inside, |k| {
-        let xi = k.load(x, i);
-        let yi = k.load(y, i);
-        let r = k.fma(s, xi, yi);
-        k.store(y, i, r);
-    });
-
-    let mut ctl = KernelBuilder::new("bench_control", [64, 1, 1]);
-    let data = ctl.output("data", ElemType::I32, 1);
-    let hist = ctl.output("hist", ElemType::U32, 1);
-    let i = ctl.absolute_pos();
-    let v = ctl.load(data, i);
-    let count = ctl.var(0i32);
-    ctl.loop_(|k| {
-        let c = k.get(count);
-        let done = k.ge(c, v);
-        k.if_(done, |k| k.break_());
-        let odd = k.bit_and(c, 1i32);
-        let odd = k.eq(odd, 1i32);
-        k.if_(odd, |k| {
-            let c = k.get(count);
-            let c = k.add(c, 3i32);
-            k.assign(count, c);
-            k.continue_();
-        });
-        let c = k.get(count);
-        let c = k.add(c, 1i32);
-        k.assign(count, c);
-    });
-    let c = ctl.get(count);
-    let total = ctl.plane_sum(c);
-    let bin = ctl.cast(total, ElemType::U32);
-    let bin = ctl.rem(bin, 16u32);
-    ctl.atomic_add(hist, bin, 1u32);
-    let f = ctl.cast(c, ElemType::F32);
-    let f = ctl.sqrt(f);
-    let f = ctl.cast(f, ElemType::I32);
-    ctl.store(data, i, f);
-
     vec![
         add_kernel(4),
         reduce_kernel(4),
         reduce_kernel(1),
         matmul_kernel(N as u32),
-        axpy.build().expect("axpy"),
-        ctl.build().expect("control kernel"),
+        bench_axpy::definition().clone(),
+        bench_control::definition().clone(),
     ]
+}
+
+#[kernel(cube_dim = 256)]
+fn bench_axpy(x: &[[f32; 4]], y: &mut [[f32; 4]], a: f32) {
+    let i = ABSOLUTE_POS;
+    if i < y.len() {
+        y[i] = a.mul_add(x[i], y[i]);
+    }
+}
+
+#[kernel(cube_dim = 64)]
+fn bench_control(data: &mut [i32], hist: &mut [u32]) {
+    let i = ABSOLUTE_POS;
+    let v = data[i];
+    let mut count = 0i32;
+    loop {
+        if count >= v {
+            break;
+        }
+        if (count & 1) == 1 {
+            count += 3;
+            continue;
+        }
+        count += 1;
+    }
+    let c = count;
+    let bin = plane_sum(c) as u32 % 16;
+    hist.atomic_add(bin, 1);
+    data[i] = (c as f32).sqrt() as i32;
 }
 
 fn compile_time() -> Row {
@@ -535,4 +508,93 @@ fn compile_time() -> Row {
         1000.0,
         Better::Lower,
     )
+}
+
+#[cfg(test)]
+mod tests {
+    //! The measured kernels against the builder code they replaced: the same IR, the same id
+    //! (so the bench rows measure the same kernels).
+
+    use compute_core::ElemType;
+    use compute_core::kernel::KernelBuilder;
+
+    use super::{CUBE, ITEMS};
+
+    #[test]
+    fn bench_add_matches_the_builder() {
+        let width = 4;
+        let mut k = KernelBuilder::new("bench_add", [CUBE, 1, 1]);
+        let a = k.input("a", ElemType::F32, width);
+        let b = k.input("b", ElemType::F32, width);
+        let c = k.output("c", ElemType::F32, width);
+        let i = k.absolute_pos();
+        let n = k.len(c);
+        let inside = k.lt(i, n);
+        k.if_(inside, |k| {
+            let x = k.load(a, i);
+            let y = k.load(b, i);
+            let s = k.add(x, y);
+            k.store(c, i, s);
+        });
+        let twin = k.build().unwrap();
+        assert_eq!(super::add_kernel(width), twin);
+        assert_eq!(super::add_kernel(width).id(), twin.id());
+    }
+
+    #[test]
+    fn bench_reduce_matches_the_builder() {
+        for width in [1u8, 4] {
+            let mut k = KernelBuilder::new("bench_reduce", [CUBE, 1, 1]);
+            let input = k.input("input", ElemType::F32, width);
+            let partials = k.output("partials", ElemType::F32, 1);
+            let tree = k.shared("tree", ElemType::F32, 1, CUBE);
+            let unit = k.unit_pos();
+            let cube = k.cube_pos();
+            let n = k.len(input);
+            let zero = k.splat(0.0f32, width);
+            let acc = k.var_named("acc", zero);
+            let base = k.mul(cube, CUBE * ITEMS);
+            let base = k.add(base, unit);
+            k.range(0u32, ITEMS, 1u32, |k, j| {
+                let off = k.mul(j, CUBE);
+                let i = k.add(base, off);
+                let inside = k.lt(i, n);
+                k.if_(inside, |k| {
+                    let x = k.load(input, i);
+                    let s = k.get(acc);
+                    let s = k.add(s, x);
+                    k.assign(acc, s);
+                });
+            });
+            let v = k.get(acc);
+            let mut s = k.extract(v, 0);
+            for c in 1..width {
+                let x = k.extract(v, c);
+                s = k.add(s, x);
+            }
+            k.store(tree, unit, s);
+            k.barrier();
+            let mut stride = CUBE / 2;
+            while stride > 0 {
+                let active = k.lt(unit, stride);
+                k.if_(active, |k| {
+                    let other = k.add(unit, stride);
+                    let x = k.load(tree, unit);
+                    let y = k.load(tree, other);
+                    let s = k.add(x, y);
+                    k.store(tree, unit, s);
+                });
+                k.barrier();
+                stride /= 2;
+            }
+            let first = k.eq(unit, 0u32);
+            k.if_(first, |k| {
+                let total = k.load(tree, 0u32);
+                k.store(partials, cube, total);
+            });
+            let twin = k.build().unwrap();
+            assert_eq!(super::reduce_kernel(width), twin, "width {width}");
+            assert_eq!(super::reduce_kernel(width).id(), twin.id());
+        }
+    }
 }

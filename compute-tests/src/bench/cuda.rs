@@ -6,10 +6,8 @@ use std::ffi::CString;
 use compute::cuda::cudarc::driver::{result, sys};
 use compute::cuda::cudarc::nvrtc::{CompileOptions, compile_ptx_with_opts};
 use compute::cuda::{CudaDevice, CudaKernel, CudaRuntime};
-use compute_core::kernel::{KernelBuilder, KernelDefinition};
-use compute_core::{
-    Bytes, ComputeClient, CubeCount, ElemType, KernelArguments, StreamId, block_on,
-};
+use compute_core::kernel::{KernelDefinition, kernel};
+use compute_core::{Bytes, ComputeClient, CubeCount, KernelArguments, StreamId, block_on};
 
 use super::timing::{best_alternating, best_per_call, progress};
 use super::{Better, Row};
@@ -115,14 +113,14 @@ fn fill_kernel() -> KernelDefinition {
     crate::kernels::fill_f32()
 }
 
+#[kernel(cube_dim = 256)]
+fn bench_copy_f32x4(input: &[[f32; 4]], out: &mut [[f32; 4]]) {
+    let i = ABSOLUTE_POS;
+    out[i] = input[i];
+}
+
 fn copy_def() -> KernelDefinition {
-    let mut k = KernelBuilder::new("bench_copy_f32x4", [256, 1, 1]);
-    let input = k.input("input", ElemType::F32, 4);
-    let out = k.output("out", ElemType::F32, 4);
-    let i = k.absolute_pos();
-    let v = k.load(input, i);
-    k.store(out, i, v);
-    k.build().expect("copy kernel")
+    bench_copy_f32x4::definition().clone()
 }
 
 /// Launch `f` (a `fill_f32`-shaped kernel: buffer, length, f32 scalar) on the raw stream.

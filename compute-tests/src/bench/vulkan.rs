@@ -7,8 +7,8 @@ use std::time::Instant;
 
 use compute::vulkan::ash::vk;
 use compute::vulkan::{RawDevice, VulkanDevice, VulkanKernel, VulkanRuntime};
-use compute_core::kernel::{KernelBuilder, KernelDefinition};
-use compute_core::{Bytes, ComputeClient, CubeCount, ElemType, KernelArguments, block_on};
+use compute_core::kernel::{KernelDefinition, kernel};
+use compute_core::{Bytes, ComputeClient, CubeCount, KernelArguments, block_on};
 
 use super::timing::{best_per_call, progress};
 use super::{Better, Row};
@@ -488,22 +488,23 @@ fn copy_cmd(
     unsafe { d.cmd_copy_buffer(cb, src, dst, regions) }
 }
 
+#[kernel(cube_dim = 64)]
+fn bench_store(out: &mut [f32]) {
+    out[ABSOLUTE_POS] = 1.0f32;
+}
+
 fn store_kernel() -> KernelDefinition {
-    let mut k = KernelBuilder::new("bench_store", [64, 1, 1]);
-    let out = k.output("out", ElemType::F32, 1);
-    let i = k.absolute_pos();
-    k.store(out, i, 1.0f32);
-    k.build().expect("store kernel")
+    bench_store::definition().clone()
+}
+
+#[kernel(cube_dim = 256)]
+fn bench_copy(input: &[[f32; 4]], out: &mut [[f32; 4]]) {
+    let i = ABSOLUTE_POS;
+    out[i] = input[i];
 }
 
 fn copy_kernel() -> KernelDefinition {
-    let mut k = KernelBuilder::new("bench_copy", [256, 1, 1]);
-    let input = k.input("input", ElemType::F32, 4);
-    let out = k.output("out", ElemType::F32, 4);
-    let i = k.absolute_pos();
-    let v = k.load(input, i);
-    k.store(out, i, v);
-    k.build().expect("copy kernel")
+    bench_copy::definition().clone()
 }
 
 /// Best of `reps` timings of `timed`, each followed by `after` (untimed): seconds.

@@ -3,8 +3,8 @@
 
 use compute::wgpu::compiler::{ShaderCapabilities, compile};
 use compute::wgpu::{WgpuDevice, WgpuKernel, WgpuRuntime, wgpu};
-use compute_core::kernel::{KernelBuilder, KernelDefinition};
-use compute_core::{Bytes, ComputeClient, CubeCount, ElemType, KernelArguments, block_on};
+use compute_core::kernel::{KernelDefinition, kernel};
+use compute_core::{Bytes, ComputeClient, CubeCount, KernelArguments, block_on};
 
 use std::time::Instant;
 
@@ -185,22 +185,23 @@ impl Raw {
     }
 }
 
+#[kernel(cube_dim = 64)]
+fn bench_store(out: &mut [f32]) {
+    out[ABSOLUTE_POS] = 1.0f32;
+}
+
 fn store_kernel() -> KernelDefinition {
-    let mut k = KernelBuilder::new("bench_store", [64, 1, 1]);
-    let out = k.output("out", ElemType::F32, 1);
-    let i = k.absolute_pos();
-    k.store(out, i, 1.0f32);
-    k.build().expect("store kernel")
+    bench_store::definition().clone()
+}
+
+#[kernel(cube_dim = 256)]
+fn bench_copy(input: &[[f32; 4]], out: &mut [[f32; 4]]) {
+    let i = ABSOLUTE_POS;
+    out[i] = input[i];
 }
 
 fn copy_kernel() -> KernelDefinition {
-    let mut k = KernelBuilder::new("bench_copy", [256, 1, 1]);
-    let input = k.input("input", ElemType::F32, 4);
-    let out = k.output("out", ElemType::F32, 4);
-    let i = k.absolute_pos();
-    let v = k.load(input, i);
-    k.store(out, i, v);
-    k.build().expect("copy kernel")
+    bench_copy::definition().clone()
 }
 
 /// Best of `reps` timings of `timed`, each run on what `setup` made (untimed) and followed by

@@ -17,6 +17,7 @@ pub mod ir_metadata;
 pub mod ir_plane;
 pub mod ir_types;
 pub mod ir_util;
+pub mod kernel_macro;
 pub mod launch;
 pub mod memory;
 pub mod profile;
@@ -129,6 +130,13 @@ macro_rules! for_each_test {
             ir_errors::ir_errors_scope_and_control,
             ir_errors::ir_errors_declarations,
             ir_errors::ir_errors_shared_memory_limit_at_launch,
+            kernel_macro::kernel_macro_control,
+            kernel_macro::kernel_macro_shared_and_local,
+            kernel_macro::kernel_macro_atomics,
+            kernel_macro::kernel_macro_generic_types_and_widths,
+            kernel_macro::kernel_macro_tensor_metadata,
+            kernel_macro::kernel_macro_plane_sum,
+            kernel_macro::kernel_macro_unchecked_launch,
             launch::elementwise_add,
             launch::bounds_checked_and_unchecked,
             launch::zero_count_launch,

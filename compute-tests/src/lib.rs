@@ -12,7 +12,6 @@ pub mod expectations;
 pub mod kernels;
 pub mod suite;
 pub mod util;
-#[cfg(feature = "cpu")]
 pub mod world;
 
 use compute_core::{ComputeClient, Runtime};

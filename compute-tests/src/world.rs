@@ -1,6 +1,7 @@
-//! One rank of the multi-process collective scenarios, on the CPU backend: the `world` binary
+//! One rank of the multi-process collective scenarios, on any backend (`R`): the `world` binary
 //! runs [`run_scenario`] in each process that `cargo xtask launch` (or the `world` integration
-//! tests, through compute-core's launcher) starts with the rendezvous variables set.
+//! tests, on the CPU backend, through compute-core's launcher) starts with the rendezvous
+//! variables set. Each rank uses the device `LOCAL_RANK` (modulo the device count).
 //!
 //! Each scenario knows what every rank must see (exact results, or the exact error variant) and
 //! returns `Err` when a rank saw something else; the caller exits non-zero then.
@@ -8,8 +9,9 @@
 use std::time::{Duration, Instant};
 
 use compute_core::collective::{CollectiveError, MismatchKind, World, WorldConfig, init_world};
-use compute_core::{Bytes, ComputeClient, ElemType, ReduceOperation, ServerError};
-use compute_cpu::{CpuDevice, CpuRuntime};
+use compute_core::{
+    Bytes, ComputeClient, Device, DeviceId, ElemType, ReduceOperation, Runtime, ServerError,
+};
 
 /// The scenarios [`run_scenario`] knows.
 pub const SCENARIOS: [&str; 6] = [
@@ -21,19 +23,20 @@ pub const SCENARIOS: [&str; 6] = [
     "mismatch",
 ];
 
-type Client = ComputeClient<CpuRuntime>;
-
-fn client_for(world: &World) -> Client {
-    let count = compute_cpu::device_count().max(1) as usize;
-    let device = CpuDevice::new((world.config().local_rank % count) as u32);
-    let mut client = ComputeClient::<CpuRuntime>::load(&device);
+fn client_for<R: Runtime>(world: &World) -> ComputeClient<R> {
+    let first = ComputeClient::<R>::load(&R::Device::default());
+    let type_id = first.device_id().type_id;
+    let count = first.enumerate_devices(type_id).len().max(1);
+    let index = (world.config().local_rank % count) as u32;
+    let device = <R::Device as Device>::from_id(DeviceId::new(type_id, index));
+    let mut client = ComputeClient::<R>::load(&device);
     client.ensure_init_collective(vec![client.device_id()]);
     client
 }
 
 /// One all-reduce through the client: the reduced bytes, or the error the round raised.
-pub fn reduce(
-    client: &mut Client,
+pub fn reduce<R: Runtime>(
+    client: &mut ComputeClient<R>,
     data: Bytes,
     dtype: ElemType,
     op: ReduceOperation,
@@ -61,8 +64,8 @@ fn expect_eq<T: PartialEq + core::fmt::Debug>(what: &str, got: T, want: T) -> Re
 }
 
 /// Sum, mean (f32, exact) and sum (i32) over every rank.
-fn sum_mean(world: &World) -> Result<String, String> {
-    let mut client = client_for(world);
+fn sum_mean<R: Runtime>(world: &World) -> Result<String, String> {
+    let mut client = client_for::<R>(world);
     let (r, n) = (world.rank(), world.size());
     let len = 1000;
     let data: Vec<f32> = (0..len).map(|i| i as f32 * (r + 1) as f32).collect();
@@ -107,8 +110,8 @@ fn sum_mean(world: &World) -> Result<String, String> {
 
 /// The last rank aborts after the first round; every other rank's second round fails with
 /// `PeerLost` naming it, well within the timeout.
-fn killed(world: &World) -> Result<String, String> {
-    let mut client = client_for(world);
+fn killed<R: Runtime>(world: &World) -> Result<String, String> {
+    let mut client = client_for::<R>(world);
     let (r, n) = (world.rank(), world.size());
     let one = || f32s(&[1.0; 64]);
     let first = reduce(&mut client, one(), ElemType::F32, ReduceOperation::Sum)
@@ -147,12 +150,14 @@ fn killed(world: &World) -> Result<String, String> {
 }
 
 /// The last rank arrives `late` after the others.
-fn late(
+fn late<R: Runtime>(
     world: Result<&'static World, CollectiveError>,
     expect_timeout: bool,
 ) -> Result<String, String> {
     match (world, expect_timeout) {
-        (Ok(world), false) => sum_mean(world).map(|s| format!("late rank joined in time; {s}")),
+        (Ok(world), false) => {
+            sum_mean::<R>(world).map(|s| format!("late rank joined in time; {s}"))
+        }
         (Err(CollectiveError::Timeout { waiting_for, .. }), true) => Ok(format!(
             "join timed out as expected (waiting for {waiting_for})"
         )),
@@ -163,8 +168,8 @@ fn late(
 
 /// Rank 1 reduces i32 with Max while the others reduce f32 with Sum: every rank gets the
 /// element type mismatch; a buffer made before reads back unchanged; the client still works.
-fn mismatch(world: &World) -> Result<String, String> {
-    let mut client = client_for(world);
+fn mismatch<R: Runtime>(world: &World) -> Result<String, String> {
+    let mut client = client_for::<R>(world);
     let before = client.create(f32s(&[1.5, 2.5, 3.5]));
     let (dtype, op) = match world.rank() {
         1 => (ElemType::I32, ReduceOperation::Max),
@@ -199,7 +204,7 @@ fn mismatch(world: &World) -> Result<String, String> {
 
 /// Run `scenario` as one rank of the world the environment describes. `late_ms` delays the
 /// last rank's join (the late scenarios).
-pub fn run_scenario(scenario: &str, late_ms: u64) -> Result<String, String> {
+pub fn run_scenario<R: Runtime>(scenario: &str, late_ms: u64) -> Result<String, String> {
     let config = WorldConfig::from_env().map_err(|e| format!("rendezvous variables: {e}"))?;
     let last = config.rank + 1 == config.world_size;
     match scenario {
@@ -207,7 +212,7 @@ pub fn run_scenario(scenario: &str, late_ms: u64) -> Result<String, String> {
             if last {
                 std::thread::sleep(Duration::from_millis(late_ms));
             }
-            late(init_world(config), scenario == "late_timeout")
+            late::<R>(init_world(config), scenario == "late_timeout")
         }
         "wrong_world_size" => match init_world(config) {
             Err(CollectiveError::WorldSize { .. }) => {
@@ -218,9 +223,9 @@ pub fn run_scenario(scenario: &str, late_ms: u64) -> Result<String, String> {
         _ => {
             let world = init_world(config).map_err(|e| format!("join: {e}"))?;
             match scenario {
-                "sum_mean" => sum_mean(world),
-                "killed" => killed(world),
-                "mismatch" => mismatch(world),
+                "sum_mean" => sum_mean::<R>(world),
+                "killed" => killed::<R>(world),
+                "mismatch" => mismatch::<R>(world),
                 other => Err(format!("unknown scenario {other} (known: {SCENARIOS:?})")),
             }
         }
@@ -229,14 +234,14 @@ pub fn run_scenario(scenario: &str, late_ms: u64) -> Result<String, String> {
 
 /// The bench's rank: `iters` all-reduces (Sum) of `bytes` bytes of f32 through a CPU client;
 /// returns the best per-call time over 3 batches, in seconds.
-pub fn bench_rank(bytes: usize, iters: usize) -> Result<f64, String> {
+pub fn bench_rank<R: Runtime>(bytes: usize, iters: usize) -> Result<f64, String> {
     let world = compute_core::collective::init_world_from_env().map_err(|e| e.to_string())?;
-    let mut client = client_for(world);
+    let mut client = client_for::<R>(world);
     let data = vec![1.0f32; bytes / 4];
     let src = client.create(f32s(&data));
     let dst = client.empty(bytes);
     let me = vec![client.device_id()];
-    let round = |client: &mut Client| -> Result<(), String> {
+    let round = |client: &mut ComputeClient<R>| -> Result<(), String> {
         client.all_reduce(
             src.clone(),
             dst.clone(),

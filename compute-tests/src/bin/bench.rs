@@ -57,7 +57,7 @@ fn world_rank() {
             .and_then(|a| a.parse::<usize>().ok())
             .unwrap_or_else(|| usage("--world-all-reduce BYTES ITERS"))
     };
-    match compute_tests::world::bench_rank(number(1), number(2)) {
+    match compute_tests::world::bench_rank::<compute_cpu::CpuRuntime>(number(1), number(2)) {
         Ok(seconds) => {
             println!("all_reduce_seconds={seconds}");
             std::process::exit(0)

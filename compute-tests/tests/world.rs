@@ -1,7 +1,9 @@
 //! Collectives across processes on the CPU backend: 2 and 4 local processes of the `world`
 //! binary, started by compute-core's launcher with the rendezvous variables set (loopback, a free
 //! port). Each rank checks its own results or its exact error; the launch checks every rank's exit
-//! status. `cargo xtask test-all` runs this target as its own row.
+//! status. `cargo xtask test-all` runs this target as its own row (`cpu-processes`); the
+//! `wgpu_` and `vulkan_` tests run the same ranks on those backends when they are built in (and
+//! test-all skips them when the probe does not find the backend).
 #![cfg(feature = "cpu")]
 
 use std::time::{Duration, Instant};
@@ -143,4 +145,44 @@ fn a_missing_variable_is_a_clean_error() {
         "{:?}",
         out.ranks[0].stderr
     );
+}
+
+/// The same ranks on a GPU backend: the host-staged path is compute-core's, shared with the CPU.
+#[cfg(any(feature = "wgpu", feature = "vulkan"))]
+fn gpu_backend(backend: &str, n: usize, scenario: &str) {
+    let out = run(n, "--backend", &[backend, scenario], |spec| {
+        spec.env.retain(|(k, _)| k != "COMPUTE_CPU_DEVICES");
+    });
+    assert!(out.success(), "{backend} {scenario}:\n{}", out.summary());
+    for r in &out.ranks {
+        assert!(
+            r.stdout.contains(&format!("{scenario}: ok")),
+            "{:?}",
+            r.stdout
+        );
+    }
+}
+
+#[cfg(feature = "wgpu")]
+#[test]
+fn wgpu_two_processes_sum_and_mean_exact() {
+    gpu_backend("wgpu", 2, "sum_mean");
+}
+
+#[cfg(feature = "wgpu")]
+#[test]
+fn wgpu_two_processes_mismatch_fails_every_rank() {
+    gpu_backend("wgpu", 2, "mismatch");
+}
+
+#[cfg(feature = "vulkan")]
+#[test]
+fn vulkan_two_processes_sum_and_mean_exact() {
+    gpu_backend("vulkan", 2, "sum_mean");
+}
+
+#[cfg(feature = "vulkan")]
+#[test]
+fn vulkan_two_processes_mismatch_fails_every_rank() {
+    gpu_backend("vulkan", 2, "mismatch");
 }

@@ -210,11 +210,18 @@ fn run_suite(name: &str, enabled: &[String], failures: &mut Vec<String>) -> Back
     }
 }
 
-/// The `cargo test` arguments of the multi-process tests.
-fn world_args(enabled: &[String]) -> Vec<String> {
+/// The `cargo test` arguments of the multi-process tests; the tests of a GPU backend the probe
+/// did not find (named `BACKEND_...`) are skipped.
+fn world_args(enabled: &[String], unavailable: &[String]) -> Vec<String> {
     let mut args: Vec<String> = vec!["test".into(), "-p".into(), "compute-tests".into()];
     args.extend(feature_args(enabled));
     args.extend(["--test".into(), WORLD.into(), "--no-fail-fast".into()]);
+    if !unavailable.is_empty() {
+        args.push("--".into());
+        for name in unavailable {
+            args.extend(["--skip".into(), format!("{name}_")]);
+        }
+    }
     args
 }
 
@@ -236,7 +243,12 @@ fn world_tests(
         });
     }
     eprintln!("xtask: running the multi-process collective tests (cpu, 2 and 4 processes) ...");
-    let cargo = Cargo::new(world_args(enabled));
+    let unavailable: Vec<String> = probed
+        .iter()
+        .filter(|(_, a)| matches!(a, Availability::Unavailable(_)))
+        .map(|(name, _)| name.clone())
+        .collect();
+    let cargo = Cargo::new(world_args(enabled, &unavailable));
     let verdict = run_tests(&cargo, "multi-process collectives (cpu)");
     if verdict.counts.is_empty() {
         failures.push("multi-process collectives (cpu): no test ran".into());
@@ -350,7 +362,11 @@ mod tests {
     #[test]
     fn world_args_name_the_target() {
         assert_eq!(
-            world_args(&names(&["cpu"])),
+            world_args(&names(&["cpu", "wgpu"]), &names(&["wgpu"]))[9..],
+            names(&["--", "--skip", "wgpu_"])
+        );
+        assert_eq!(
+            world_args(&names(&["cpu"]), &[]),
             names(&[
                 "test",
                 "-p",

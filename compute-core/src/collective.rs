@@ -5,7 +5,7 @@
 use core::hash::Hash;
 use core::time::Duration;
 use std::collections::{BTreeSet, VecDeque};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Condvar, Mutex};
 
@@ -25,6 +25,39 @@ pub mod world;
 
 pub use error::{CollectiveError, MismatchKind};
 pub use world::{World, WorldConfig, init_world, init_world_from_env};
+
+/// The environment variable that turns on the checked mode of collective libraries (NCCL):
+/// `COMPUTE_COLLECTIVE_CHECK=1`. The host-staged backends always check.
+pub const CHECK_VAR: &str = "COMPUTE_COLLECTIVE_CHECK";
+
+/// 0: not read yet; 1: off; 2: on.
+static CHECKED: AtomicU8 = AtomicU8::new(0);
+
+/// Whether collectives run in the checked mode: participants exchange a small header (round,
+/// element type, operation, size) before each round, so that a disagreement is an error on every
+/// participant rather than undefined behaviour of the collective library. Read from
+/// [`CHECK_VAR`] unless [`set_checked`] said otherwise.
+pub fn checked() -> bool {
+    match CHECKED.load(Ordering::Acquire) {
+        0 => {
+            let on = std::env::var(CHECK_VAR).is_ok_and(|v| v.trim() == "1");
+            let _ = CHECKED.compare_exchange(
+                0,
+                if on { 2 } else { 1 },
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            );
+            CHECKED.load(Ordering::Acquire) == 2
+        }
+        state => state == 2,
+    }
+}
+
+/// Turn the checked mode on or off for the process (over [`CHECK_VAR`]). Every participant of a
+/// group must run in the same mode.
+pub fn set_checked(on: bool) {
+    CHECKED.store(if on { 2 } else { 1 }, Ordering::Release);
+}
 
 /// How `all_reduce` combines the contributions of the devices.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]

@@ -13,7 +13,7 @@
 //! `ncclGroupStart`/`ncclGroupEnd` (a process may drive several ranks). The NCCL ranks follow
 //! the world's ranks, then the order of the devices in each process's group.
 //!
-//! With `COMPUTE_COLLECTIVE_CHECK=1`, every all-reduce first exchanges a 32-byte header (round,
+//! With `COMPUTE_COLLECTIVE_CHECK=1` (or `compute_core::collective::set_checked(true)`), every all-reduce first exchanges a 32-byte header (round,
 //! element type, operation, element count) with `ncclAllGather` and waits for it, at most the
 //! rendezvous timeout: participants that disagree all get
 //! [`CollectiveError::Mismatch`](compute_core::collective::CollectiveError), and none runs the
@@ -24,16 +24,13 @@
 use std::sync::{Mutex, MutexGuard, OnceLock};
 use std::time::Instant;
 
-use compute_core::collective::{CollectiveError, MismatchKind, World};
+use compute_core::collective::{CHECK_VAR, CollectiveError, MismatchKind, World};
 use compute_core::{DeviceId, ElemType, ReduceOperation, ServerError};
 use cudarc::driver::{result as driver, sys as driver_sys};
 use cudarc::nccl::{result as nccl, sys};
 use hashbrown::HashMap;
 
 use crate::driver::{Check, Context, Raw};
-
-/// The environment variable that turns the header check on.
-pub const CHECK_VAR: &str = "COMPUTE_COLLECTIVE_CHECK";
 
 /// Bytes of the header the checked mode exchanges.
 const HEADER: usize = 32;
@@ -83,12 +80,6 @@ pub(crate) fn disable_nvls() {
 
 fn nccl_error(what: &str, e: nccl::NcclError) -> ServerError {
     ServerError::Driver(format!("{what}: {e:?}"))
-}
-
-/// Whether `COMPUTE_COLLECTIVE_CHECK=1`.
-pub(crate) fn checked() -> bool {
-    static CHECKED: OnceLock<bool> = OnceLock::new();
-    *CHECKED.get_or_init(|| std::env::var(CHECK_VAR).is_ok_and(|v| v.trim() == "1"))
 }
 
 /// The communicators of `group` within this process (`ncclCommInitAll`).
@@ -433,7 +424,7 @@ pub(crate) fn all_reduce(
 ) -> Result<(), ServerError> {
     let dt = data_type(dtype)?;
     let comm = communicator(group, me)?;
-    if checked() {
+    if compute_core::collective::checked() {
         let position = group.iter().position(|d| *d == me).unwrap_or(0);
         check_header(group, position, comm, dtype, op, count, stream)?;
     }

@@ -147,10 +147,11 @@ pub fn all_reduce_mismatch_fails_every_participant<R: Runtime>(client: ComputeCl
     for c in &mut clients {
         c.ensure_init_collective(ids.clone());
     }
-    let before: Vec<_> = clients
-        .iter()
-        .map(|c| c.create(f32_bytes(&[1.5, -2.5, 3.5, 4.5])))
-        .collect();
+    // The collective libraries' checked mode (NCCL) is what makes a disagreement an error
+    // there; the host-staged backends always check. Each device is driven by its own thread, as
+    // the checked mode's header exchange needs.
+    let was_checked = compute_core::collective::checked();
+    compute_core::collective::set_checked(true);
     let cases = [
         (
             [
@@ -177,56 +178,61 @@ pub fn all_reduce_mismatch_fails_every_participant<R: Runtime>(client: ComputeCl
             MismatchKind::Size,
         ),
     ];
-    for (setup, lens, kind) in cases {
-        let mut outputs = Vec::new();
-        for (i, c) in clients.iter_mut().enumerate() {
-            let (dtype, op) = setup[i];
-            let src = c.create(compute_core::Bytes::from_elems(vec![7u8; lens[i]]));
-            let dst = c.create(compute_core::Bytes::from_elems(vec![9u8; lens[i]]));
-            c.all_reduce(src, dst.clone(), dtype, ids.clone(), op);
-            outputs.push(dst);
-        }
-        for (i, (c, dst)) in clients.iter().zip(outputs).enumerate() {
-            c.sync_collective();
-            let err = c.flush().expect_err("a mismatched all_reduce succeeded");
-            assert!(
-                matches!(
-                    &err,
-                    ServerError::Collective(CollectiveError::Mismatch { kind: k, .. }) if *k == kind
-                ),
-                "{} device {i}, {kind} case: {err:?}",
-                R::name()
-            );
-            c.flush().expect("the error is reported once");
-            assert_eq!(
-                c.read_one(dst).unwrap().to_vec(),
-                vec![9u8; lens[i]],
-                "the output of a rejected round was written"
-            );
-        }
-    }
-    // The group still reduces, and the buffers made before are intact.
-    let mut outputs = Vec::new();
-    for (rank, c) in clients.iter_mut().enumerate() {
-        let src = c.create(compute_core::Bytes::from_elems(vec![rank as i32 + 1; 3]));
-        let dst = c.empty(12);
-        c.all_reduce(
-            src,
-            dst.clone(),
-            ElemType::I32,
-            ids.clone(),
-            ReduceOperation::Max,
-        );
-        outputs.push(dst);
-    }
-    for ((c, dst), before) in clients.iter().zip(outputs).zip(before) {
-        c.sync_collective();
-        c.flush()
-            .expect("an agreeing all_reduce after the mismatches");
-        assert_eq!(c.read_one(dst).unwrap().to_elems::<i32>(), vec![2; 3]);
-        assert_eq!(
-            c.read_one(before).unwrap().to_elems::<f32>(),
-            vec![1.5, -2.5, 3.5, 4.5]
-        );
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        std::thread::scope(|scope| {
+            let threads: Vec<_> = clients
+                .iter_mut()
+                .enumerate()
+                .map(|(i, c)| {
+                    let ids = ids.clone();
+                    scope.spawn(move || {
+                        let before = c.create(f32_bytes(&[1.5, -2.5, 3.5, 4.5]));
+                        for (setup, lens, kind) in cases {
+                            let (dtype, op) = setup[i];
+                            let src = c.create(compute_core::Bytes::from_elems(vec![7u8; lens[i]]));
+                            let dst = c.create(compute_core::Bytes::from_elems(vec![9u8; lens[i]]));
+                            c.all_reduce(src, dst.clone(), dtype, ids.clone(), op);
+                            c.sync_collective();
+                            let err = c.flush().expect_err("a mismatched all_reduce succeeded");
+                            assert!(
+                                matches!(
+                                    &err,
+                                    ServerError::Collective(CollectiveError::Mismatch { kind: k, .. })
+                                        if *k == kind
+                                ),
+                                "{} device {i}, {kind} case: {err:?}",
+                                R::name()
+                            );
+                            c.flush().expect("the error is reported once");
+                            assert_eq!(
+                                c.read_one(dst).unwrap().to_vec(),
+                                vec![9u8; lens[i]],
+                                "the output of a rejected round was written"
+                            );
+                        }
+                        // The group still reduces, and the buffer made before is intact.
+                        let src = c.create(compute_core::Bytes::from_elems(vec![i as i32 + 1; 3]));
+                        let dst = c.empty(12);
+                        c.all_reduce(src, dst.clone(), ElemType::I32, ids, ReduceOperation::Max);
+                        c.sync_collective();
+                        c.flush().expect("an agreeing all_reduce after the mismatches");
+                        assert_eq!(c.read_one(dst).unwrap().to_elems::<i32>(), vec![2; 3]);
+                        assert_eq!(
+                            c.read_one(before).unwrap().to_elems::<f32>(),
+                            vec![1.5, -2.5, 3.5, 4.5]
+                        );
+                    })
+                })
+                .collect();
+            for t in threads {
+                if let Err(panic) = t.join() {
+                    std::panic::resume_unwind(panic);
+                }
+            }
+        })
+    }));
+    compute_core::collective::set_checked(was_checked);
+    if let Err(panic) = outcome {
+        std::panic::resume_unwind(panic);
     }
 }

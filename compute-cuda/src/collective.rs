@@ -383,6 +383,28 @@ fn check_header(
         match unsafe { driver_sys::cuStreamQuery(stream.0) } {
             driver_sys::CUresult::CUDA_SUCCESS => break,
             driver_sys::CUresult::CUDA_ERROR_NOT_READY if Instant::now() < deadline => {
+                // A peer that died shows up as NCCL's asynchronous error (a remote or system
+                // error); end the wait then, rather than at the deadline.
+                let mut state = sys::ncclResult_t::ncclSuccess;
+                // SAFETY: `comm` is alive; writes one result.
+                let asked = unsafe { sys::ncclCommGetAsyncError(comm.0, &mut state) };
+                if asked == sys::ncclResult_t::ncclSuccess
+                    && !matches!(
+                        state,
+                        sys::ncclResult_t::ncclSuccess | sys::ncclResult_t::ncclInProgress
+                    )
+                {
+                    let e = CollectiveError::Io {
+                        what: format!("NCCL, in the header exchange of round {round} of {group:?}"),
+                        reason: format!("{state:?} (a rank failed or left)"),
+                    };
+                    // SAFETY: the communicator is not used after an abort (the group is failed).
+                    let _ = unsafe { nccl::comm_abort(comm.0) };
+                    if let Some(g) = registry().get_mut(group) {
+                        g.failed = Some(e.clone());
+                    }
+                    return Err(e.into());
+                }
                 std::thread::sleep(core::time::Duration::from_micros(200));
             }
             driver_sys::CUresult::CUDA_ERROR_NOT_READY => {

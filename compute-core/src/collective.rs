@@ -105,24 +105,33 @@ pub fn reduce_host(
                 .iter()
                 .map(|i| bytemuck::pod_collect_to_vec(i))
                 .collect();
-            let out: Vec<$t> = (0..views[0].len())
-                .map(|e| {
-                    let mut acc: $acc = $to(views[0][e]);
-                    for v in &views[1..] {
-                        let x: $acc = $to(v[e]);
-                        acc = match op {
-                            ReduceOperation::Sum | ReduceOperation::Mean => acc + x,
-                            ReduceOperation::Max if x > acc => x,
-                            ReduceOperation::Min if x < acc => x,
-                            ReduceOperation::Max | ReduceOperation::Min => acc,
-                        };
+            // Input by input over the whole buffer (the order of the operations per element is
+            // the group's, as before), with the operation chosen outside the inner loops.
+            let mut acc: Vec<$acc> = views[0].iter().map(|&x| $to(x)).collect();
+            for v in &views[1..] {
+                let pairs = acc.iter_mut().zip(v.iter());
+                match op {
+                    ReduceOperation::Sum | ReduceOperation::Mean => {
+                        pairs.for_each(|(a, &x)| *a += $to(x))
                     }
-                    if op == ReduceOperation::Mean {
-                        acc /= n as $acc;
-                    }
-                    $from(acc)
-                })
-                .collect();
+                    ReduceOperation::Max => pairs.for_each(|(a, &x)| {
+                        let x: $acc = $to(x);
+                        if x > *a {
+                            *a = x;
+                        }
+                    }),
+                    ReduceOperation::Min => pairs.for_each(|(a, &x)| {
+                        let x: $acc = $to(x);
+                        if x < *a {
+                            *a = x;
+                        }
+                    }),
+                }
+            }
+            if op == ReduceOperation::Mean {
+                acc.iter_mut().for_each(|a| *a /= n as $acc);
+            }
+            let out: Vec<$t> = acc.into_iter().map($from).collect();
             Ok(bytemuck::cast_slice(&out).to_vec())
         }};
     }

@@ -40,6 +40,9 @@ pub const MASTER_ADDR_VAR: &str = "MASTER_ADDR";
 pub const MASTER_PORT_VAR: &str = "MASTER_PORT";
 /// How long any rendezvous wait lasts before it fails, in milliseconds.
 pub const TIMEOUT_VAR: &str = "COMPUTE_RENDEZVOUS_TIMEOUT_MS";
+/// The port recorded for a world of one process when [`MASTER_PORT_VAR`] is not set (such a world
+/// opens no socket).
+pub const DEFAULT_PORT: u16 = 29500;
 /// The timeout when [`TIMEOUT_VAR`] is not set.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -134,7 +137,8 @@ impl WorldConfig {
             }
             (addr, port) => (
                 addr.unwrap_or_else(|| "127.0.0.1".into()),
-                port.unwrap_or_else(|| "1".into()),
+                // A world of one process opens no socket: the port is only recorded.
+                port.unwrap_or_else(|| DEFAULT_PORT.to_string()),
             ),
         };
         if master_addr.trim().is_empty() {

@@ -42,6 +42,11 @@ fn assert_all_ok(out: &LaunchOutcome, scenario: &str) {
 }
 
 #[test]
+fn one_process_world_through_the_rendezvous() {
+    assert_all_ok(&run(1, "sum_mean", &[], |_| {}), "sum_mean");
+}
+
+#[test]
 fn two_processes_sum_and_mean_exact() {
     assert_all_ok(&run(2, "sum_mean", &[], |_| {}), "sum_mean");
 }

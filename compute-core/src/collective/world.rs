@@ -231,6 +231,8 @@ struct HubState {
     complete: bool,
     failed: Option<CollectiveError>,
     comm_conns: HashMap<(u64, usize), TcpStream>,
+    /// Communicators whose round failed at rank 0: a rank that opens one late is told at once.
+    failed_comms: HashMap<u64, CollectiveError>,
 }
 
 impl Hub {
@@ -417,7 +419,14 @@ fn serve(hub: &Hub, mut conn: TcpStream) {
                 send_error(&mut conn, &e, Instant::now() + timeout);
                 return;
             }
-            lock(&hub.state).comm_conns.insert((key, rank), conn);
+            let mut state = lock(&hub.state);
+            if let Some(e) = state.failed_comms.get(&key).cloned() {
+                drop(state);
+                send_error(&mut conn, &e, Instant::now() + timeout);
+                return;
+            }
+            state.comm_conns.insert((key, rank), conn);
+            drop(state);
             hub.changed.notify_all();
         }
         _ => {}
@@ -850,7 +859,7 @@ impl World {
                         .all(|r| s.comm_conns.contains_key(&(communicator, r)))
                         .then_some(())
                 });
-                if let Err(CollectiveError::Timeout { timeout_ms, .. }) = &taken {
+                if let Err(CollectiveError::Timeout { .. }) = &taken {
                     let s = lock(&hub.state);
                     let absent: Vec<usize> = (1..n)
                         .filter(|&r| !s.comm_conns.contains_key(&(communicator, r)))
@@ -859,7 +868,7 @@ impl World {
                         waiting_for: format!(
                             "ranks {absent:?} to open communicator {communicator}"
                         ),
-                        timeout_ms: *timeout_ms,
+                        timeout_ms: self.config.timeout_ms(),
                     });
                 }
                 taken?;
@@ -912,7 +921,17 @@ impl World {
         })();
         let reply = match &outcome {
             Ok(data) => Writer::new(RESULT).bytes(data),
-            Err(e) => wire::put_error(Writer::new(ERROR), e),
+            Err(e) => {
+                let mut s = lock(&hub.state);
+                s.failed_comms.insert(communicator, e.clone());
+                // The ranks that did open the communicator hear the verdict too.
+                if comm.peers.is_empty() {
+                    comm.peers = (0..n)
+                        .map(|r| s.comm_conns.remove(&(communicator, r)))
+                        .collect();
+                }
+                wire::put_error(Writer::new(ERROR), e)
+            }
         };
         let send_by = Instant::now() + self.config.timeout;
         for peer in comm.peers.iter_mut().skip(1) {
@@ -1240,6 +1259,33 @@ mod tests {
                 "{second:?}"
             );
             assert!(took < Duration::from_secs(3), "took {took:?}");
+        }
+    }
+
+    #[test]
+    fn a_rank_that_stays_away_from_a_round_times_the_others_out() {
+        let out = ranks(3, 600, |world| {
+            let world = world.unwrap();
+            let data = vec![f32s(&[2.0])];
+            if world.rank() == 1 {
+                // Alive, joined, but never contributes: hold the sockets open past the timeout.
+                std::thread::sleep(Duration::from_millis(2500));
+                return None;
+            }
+            let start = Instant::now();
+            let got = world.all_reduce(3, 1, &data, ElemType::F32, ReduceOperation::Sum);
+            Some((got, start.elapsed()))
+        });
+        for (got, took) in out.into_iter().flatten() {
+            assert!(
+                matches!(
+                    &got,
+                    Err(ServerError::Collective(CollectiveError::Timeout { waiting_for, timeout_ms: 600 }))
+                        if waiting_for.contains("rank 1") || waiting_for.contains("[1]")
+                ),
+                "{got:?}"
+            );
+            assert!(took < Duration::from_millis(2000), "took {took:?}");
         }
     }
 

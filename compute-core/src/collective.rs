@@ -1,10 +1,11 @@
-//! Collectives: reduction operations and a host-staged rendezvous for backends without a
-//! collective library (CPU, wgpu, Vulkan).
+//! Collectives: reduction operations, a host-staged rendezvous for backends without a
+//! collective library (CPU, wgpu, Vulkan), and (in [`world`]) the rendezvous and transport that
+//! join processes into one world, which every backend uses.
 
 use core::hash::Hash;
 use core::time::Duration;
 use std::collections::{BTreeSet, VecDeque};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Condvar, Mutex};
 
@@ -16,6 +17,47 @@ use crate::elem::ElemType;
 use crate::error::ServerError;
 use crate::future::{Receiver, Sender};
 use crate::memory::SliceId;
+
+mod error;
+pub mod launch;
+mod wire;
+pub mod world;
+
+pub use error::{CollectiveError, MismatchKind};
+pub use world::{World, WorldConfig, init_world, init_world_from_env};
+
+/// The environment variable that turns on the checked mode of collective libraries (NCCL):
+/// `COMPUTE_COLLECTIVE_CHECK=1`. The host-staged backends always check.
+pub const CHECK_VAR: &str = "COMPUTE_COLLECTIVE_CHECK";
+
+/// 0: not read yet; 1: off; 2: on.
+static CHECKED: AtomicU8 = AtomicU8::new(0);
+
+/// Whether collectives run in the checked mode: participants exchange a small header (round,
+/// element type, operation, size) before each round, so that a disagreement is an error on every
+/// participant rather than undefined behaviour of the collective library. Read from
+/// [`CHECK_VAR`] unless [`set_checked`] said otherwise.
+pub fn checked() -> bool {
+    match CHECKED.load(Ordering::Acquire) {
+        0 => {
+            let on = std::env::var(CHECK_VAR).is_ok_and(|v| v.trim() == "1");
+            let _ = CHECKED.compare_exchange(
+                0,
+                if on { 2 } else { 1 },
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            );
+            CHECKED.load(Ordering::Acquire) == 2
+        }
+        state => state == 2,
+    }
+}
+
+/// Turn the checked mode on or off for the process (over [`CHECK_VAR`]). Every participant of a
+/// group must run in the same mode.
+pub fn set_checked(on: bool) {
+    CHECKED.store(if on { 2 } else { 1 }, Ordering::Release);
+}
 
 /// How `all_reduce` combines the contributions of the devices.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -63,24 +105,33 @@ pub fn reduce_host(
                 .iter()
                 .map(|i| bytemuck::pod_collect_to_vec(i))
                 .collect();
-            let out: Vec<$t> = (0..views[0].len())
-                .map(|e| {
-                    let mut acc: $acc = $to(views[0][e]);
-                    for v in &views[1..] {
-                        let x: $acc = $to(v[e]);
-                        acc = match op {
-                            ReduceOperation::Sum | ReduceOperation::Mean => acc + x,
-                            ReduceOperation::Max if x > acc => x,
-                            ReduceOperation::Min if x < acc => x,
-                            ReduceOperation::Max | ReduceOperation::Min => acc,
-                        };
+            // Input by input over the whole buffer (the order of the operations per element is
+            // the group's, as before), with the operation chosen outside the inner loops.
+            let mut acc: Vec<$acc> = views[0].iter().map(|&x| $to(x)).collect();
+            for v in &views[1..] {
+                let pairs = acc.iter_mut().zip(v.iter());
+                match op {
+                    ReduceOperation::Sum | ReduceOperation::Mean => {
+                        pairs.for_each(|(a, &x)| *a += $to(x))
                     }
-                    if op == ReduceOperation::Mean {
-                        acc /= n as $acc;
-                    }
-                    $from(acc)
-                })
-                .collect();
+                    ReduceOperation::Max => pairs.for_each(|(a, &x)| {
+                        let x: $acc = $to(x);
+                        if x > *a {
+                            *a = x;
+                        }
+                    }),
+                    ReduceOperation::Min => pairs.for_each(|(a, &x)| {
+                        let x: $acc = $to(x);
+                        if x < *a {
+                            *a = x;
+                        }
+                    }),
+                }
+            }
+            if op == ReduceOperation::Mean {
+                acc.iter_mut().for_each(|a| *a /= n as $acc);
+            }
+            let out: Vec<$t> = acc.into_iter().map($from).collect();
             Ok(bytemuck::cast_slice(&out).to_vec())
         }};
     }
@@ -111,8 +162,17 @@ pub fn reduce_host(
     }
 }
 
+/// One device's part of a round.
+struct Contribution {
+    data: Vec<u8>,
+    dtype: ElemType,
+    op: ReduceOperation,
+}
+
 struct Round {
-    contributions: HashMap<DeviceId, Vec<u8>>,
+    contributions: HashMap<DeviceId, Contribution>,
+    /// Every device arrived and one of them reduces (across processes, off the lock).
+    reducing: bool,
     result: Option<Result<Arc<Vec<u8>>, ServerError>>,
     collected: usize,
 }
@@ -121,14 +181,77 @@ struct Round {
 ///
 /// Every device of the group calls [`HostRendezvous::all_reduce`] with its rank's data and a
 /// per-device sequence number; the call blocks until every device of the group has contributed to
-/// the same round, then returns the reduced buffer to each.
+/// the same round, then returns the reduced buffer to each. Devices that disagree on the size,
+/// element type or operation all get [`CollectiveError::Mismatch`].
+///
+/// When the process has joined a [`World`] of several processes, the last device of a round to
+/// arrive carries the round's contributions to the world's all-reduce, so that the group spans
+/// every process.
 pub struct HostRendezvous {
     rounds: Mutex<HashMap<(Vec<DeviceId>, u64), Round>>,
     arrived: Condvar,
 }
 
-/// How long a device waits for the rest of its group before the collective fails.
+/// How long a device waits for the rest of its group before the collective fails, unless
+/// [`world::TIMEOUT_VAR`] (or the joined world's configuration) says otherwise.
 pub const RENDEZVOUS_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The bound of a wait for the other devices of a group: the joined world's timeout, else
+/// [`world::TIMEOUT_VAR`] when it holds a valid number of milliseconds, else
+/// [`RENDEZVOUS_TIMEOUT`].
+pub fn rendezvous_timeout() -> Duration {
+    if let Some(w) = world::world() {
+        return w.config().timeout;
+    }
+    std::env::var(world::TIMEOUT_VAR)
+        .ok()
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .filter(|&ms| ms > 0)
+        .map_or(RENDEZVOUS_TIMEOUT, Duration::from_millis)
+}
+
+/// The first disagreement between the contributions of a round, in group order.
+fn disagreement(
+    group: &[DeviceId],
+    seq: u64,
+    contributions: &HashMap<DeviceId, Contribution>,
+) -> Option<CollectiveError> {
+    let mut members = group
+        .iter()
+        .filter_map(|d| contributions.get(d).map(|c| (d, c)));
+    let (_, first) = members.next()?;
+    for (device, c) in members {
+        let mismatch = |kind, expected: String, found: String| CollectiveError::Mismatch {
+            round: seq,
+            kind,
+            expected,
+            found,
+            participant: format!("device {device}"),
+        };
+        if c.dtype != first.dtype {
+            return Some(mismatch(
+                MismatchKind::DType,
+                first.dtype.to_string(),
+                c.dtype.to_string(),
+            ));
+        }
+        if c.op != first.op {
+            return Some(mismatch(
+                MismatchKind::Operation,
+                format!("{:?}", first.op),
+                format!("{:?}", c.op),
+            ));
+        }
+        if c.data.len() != first.data.len() {
+            return Some(mismatch(
+                MismatchKind::Size,
+                format!("{} bytes", first.data.len()),
+                format!("{} bytes", c.data.len()),
+            ));
+        }
+    }
+    None
+}
 
 impl HostRendezvous {
     /// The rendezvous shared by every runtime of this process.
@@ -138,6 +261,17 @@ impl HostRendezvous {
             rounds: Mutex::new(HashMap::new()),
             arrived: Condvar::new(),
         })
+    }
+
+    /// Note that `group` is set up, so that it gets its communicator number in the joined world
+    /// (if any) in the order the process sets groups up, not in the order rounds first run.
+    pub fn register(&self, group: &[DeviceId]) {
+        if let Some(w) = world::world() {
+            let mut group = group.to_vec();
+            group.sort();
+            group.dedup();
+            w.communicator(&group);
+        }
     }
 
     /// Contribute `data` for `device` to round `seq` of `group`, and wait for the reduced result.
@@ -158,23 +292,58 @@ impl HostRendezvous {
                 "device {device} is not part of the collective group {group:?}"
             )));
         }
+        let timeout = rendezvous_timeout();
         let key = (group.clone(), seq);
         let mut rounds = self.rounds.lock().unwrap_or_else(|p| p.into_inner());
         let round = rounds.entry(key.clone()).or_insert_with(|| Round {
             contributions: HashMap::new(),
+            reducing: false,
             result: None,
             collected: 0,
         });
-        round.contributions.insert(device, data);
+        round
+            .contributions
+            .insert(device, Contribution { data, dtype, op });
         if round.contributions.len() == group.len() {
-            let inputs: Vec<Vec<u8>> = group
-                .iter()
-                .map(|d| round.contributions.get(d).cloned().unwrap_or_default())
-                .collect();
-            round.result = Some(reduce_host(&inputs, dtype, op).map(Arc::new));
+            let joined = world::world().filter(|w| w.size() > 1);
+            if let Some(e) = disagreement(&group, seq, &round.contributions) {
+                round.result = Some(Err(e.into()));
+            } else if let Some(w) = joined {
+                // Across processes: reduce off the lock (the world bounds its own waits).
+                round.reducing = true;
+                let inputs: Vec<Vec<u8>> = group
+                    .iter()
+                    .map(|d| {
+                        round
+                            .contributions
+                            .get_mut(d)
+                            .map(|c| core::mem::take(&mut c.data))
+                            .unwrap_or_default()
+                    })
+                    .collect();
+                drop(rounds);
+                let communicator = w.communicator(&group);
+                let out = w.all_reduce(communicator, seq, &inputs, dtype, op);
+                rounds = self.rounds.lock().unwrap_or_else(|p| p.into_inner());
+                if let Some(round) = rounds.get_mut(&key) {
+                    round.result = Some(out.map(Arc::new));
+                }
+            } else {
+                let inputs: Vec<Vec<u8>> = group
+                    .iter()
+                    .map(|d| {
+                        round
+                            .contributions
+                            .get(d)
+                            .map(|c| c.data.clone())
+                            .unwrap_or_default()
+                    })
+                    .collect();
+                round.result = Some(reduce_host(&inputs, dtype, op).map(Arc::new));
+            }
             self.arrived.notify_all();
         }
-        let deadline = std::time::Instant::now() + RENDEZVOUS_TIMEOUT;
+        let deadline = std::time::Instant::now() + timeout;
         loop {
             let round = rounds
                 .get_mut(&key)
@@ -187,21 +356,33 @@ impl HostRendezvous {
                 return result;
             }
             let now = std::time::Instant::now();
-            if now >= deadline {
-                let arrived = round.contributions.len();
+            if now >= deadline && !round.reducing {
+                let absent: Vec<DeviceId> = group
+                    .iter()
+                    .copied()
+                    .filter(|d| !round.contributions.contains_key(d))
+                    .collect();
                 round.contributions.remove(&device);
                 if round.contributions.is_empty() {
                     rounds.remove(&key);
                 }
-                return Err(ServerError::Driver(format!(
-                    "all_reduce round {seq}: only {arrived} of {} devices of {group:?} arrived within {:?}",
-                    group.len(),
-                    RENDEZVOUS_TIMEOUT
-                )));
+                return Err(CollectiveError::Timeout {
+                    waiting_for: format!(
+                        "devices {absent:?} of the group {group:?} in all_reduce round {seq}"
+                    ),
+                    timeout_ms: timeout.as_millis() as u64,
+                }
+                .into());
             }
+            // A round being reduced across processes ends within the world's own bounds.
+            let wait = if round.reducing {
+                Duration::from_millis(100)
+            } else {
+                deadline - now
+            };
             rounds = self
                 .arrived
-                .wait_timeout(rounds, deadline - now)
+                .wait_timeout(rounds, wait)
                 .unwrap_or_else(|p| p.into_inner())
                 .0;
         }
@@ -306,8 +487,9 @@ impl<K, R> Default for HostCollectives<K, R> {
 }
 
 impl<K: Eq + Hash + Clone, R: Send + 'static> HostCollectives<K, R> {
-    /// Remember an initialised group.
+    /// Remember an initialised group (and register it with [`HostRendezvous::register`]).
     pub fn init(&mut self, group: Vec<DeviceId>) {
+        HostRendezvous::global().register(&group);
         self.groups.insert(group);
     }
 
@@ -594,6 +776,72 @@ mod tests {
         for h in handles {
             let out = h.join().unwrap();
             assert_eq!(bytemuck::pod_collect_to_vec::<u8, f32>(&out), vec![3.0]);
+        }
+    }
+
+    #[test]
+    fn rendezvous_rejects_disagreement_on_every_participant() {
+        let group = vec![DeviceId::new(8, 0), DeviceId::new(8, 1)];
+        let cases = [
+            (
+                (ElemType::F32, ReduceOperation::Sum, 8),
+                MismatchKind::DType,
+            ),
+            (
+                (ElemType::I32, ReduceOperation::Min, 8),
+                MismatchKind::Operation,
+            ),
+            ((ElemType::I32, ReduceOperation::Max, 4), MismatchKind::Size),
+        ];
+        for (seq, ((dtype, op, len), kind)) in cases.into_iter().enumerate() {
+            let threads: Vec<_> = [(ElemType::I32, ReduceOperation::Max, 8), (dtype, op, len)]
+                .into_iter()
+                .enumerate()
+                .map(|(i, (dtype, op, len))| {
+                    let group = group.clone();
+                    std::thread::spawn(move || {
+                        HostRendezvous::global().all_reduce(
+                            &group,
+                            seq as u64,
+                            group[i],
+                            vec![1; len],
+                            dtype,
+                            op,
+                        )
+                    })
+                })
+                .collect();
+            for t in threads {
+                let got = t.join().unwrap();
+                assert!(
+                    matches!(
+                        &got,
+                        Err(ServerError::Collective(CollectiveError::Mismatch { kind: k, round, .. }))
+                            if *k == kind && *round == seq as u64
+                    ),
+                    "{kind}: {got:?}"
+                );
+            }
+        }
+        // The group still works.
+        let threads: Vec<_> = (0..2)
+            .map(|i| {
+                let group = group.clone();
+                std::thread::spawn(move || {
+                    HostRendezvous::global().all_reduce(
+                        &group,
+                        9,
+                        group[i],
+                        bytemuck::cast_slice(&[i as i32 + 1]).to_vec(),
+                        ElemType::I32,
+                        ReduceOperation::Max,
+                    )
+                })
+            })
+            .collect();
+        for t in threads {
+            let out = t.join().unwrap().unwrap();
+            assert_eq!(bytemuck::pod_collect_to_vec::<u8, i32>(&out), vec![2]);
         }
     }
 }

@@ -117,6 +117,18 @@ pub const SETTINGS: &[Setting] = &[
         "0 or 1",
     ),
     setting(
+        "COMPUTE_RENDEZVOUS_TIMEOUT_MS",
+        "bound on every wait of the multi-process rendezvous and host collectives (with RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT); a bad value is an error of init_world_from_env",
+        "60000",
+        "a positive number of milliseconds",
+    ),
+    setting(
+        "COMPUTE_COLLECTIVE_CHECK",
+        "exchange a small header (round, dtype, operation, size) before every NCCL collective, so a mismatch is an error on every rank",
+        "off",
+        "0 or 1",
+    ),
+    setting(
         "COMPUTE_SKIP_LOG",
         "file where tests append the ones that could only run a reduced form (cargo xtask test-all sets it and reports them as skipped)",
         "unset: reduced runs are only noted on stderr",

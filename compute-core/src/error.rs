@@ -82,6 +82,10 @@ pub enum ServerError {
     /// The driver reported an error.
     #[error("driver error: {0}")]
     Driver(String),
+    /// A collective failed: participants that disagree, a rank that did not arrive or was lost,
+    /// a bad rendezvous variable.
+    #[error("collective failed: {0}")]
+    Collective(#[from] crate::collective::CollectiveError),
 }
 
 /// An error returned by [`ComputeClient::profile`](crate::ComputeClient::profile).

@@ -685,6 +685,7 @@ impl ComputeServer for CpuServer {
         _stream: StreamId,
     ) -> Result<(), ServerError> {
         let group = self.check_group(devices)?;
+        HostRendezvous::global().register(&group);
         self.comm_streams
             .entry(group)
             .or_insert_with(StreamId::fresh);

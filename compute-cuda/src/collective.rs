@@ -1,22 +1,69 @@
 //! NCCL communicators, shared by the servers of one process.
 //!
-//! The first server of a group to call `ensure_init_collective` creates the communicators of every
-//! device of the group at once (`ncclCommInitAll`); each server then uses its own rank's. A group
-//! of one device gets a one-rank communicator, which NCCL runs as a local copy.
+//! In one process, the first server of a group to call `ensure_init_collective` creates the
+//! communicators of every device of the group at once (`ncclCommInitAll`); each server then uses
+//! its own rank's. A group of one device gets a one-rank communicator, which NCCL runs as a local
+//! copy.
+//!
+//! When the process has joined a world of processes (compute-core's
+//! [`init_world`](compute_core::collective::init_world)), a group spans every process: the
+//! processes exchange their group sizes and rank 0's `ncclGetUniqueId` through rank 0's store (one
+//! key per communicator, `nccl/<communicator>/...`), meet at a store barrier, and each process
+//! creates the communicators of its own devices with `ncclCommInitRank`, inside
+//! `ncclGroupStart`/`ncclGroupEnd` (a process may drive several ranks). The NCCL ranks follow
+//! the world's ranks, then the order of the devices in each process's group.
+//!
+//! With `COMPUTE_COLLECTIVE_CHECK=1` (or `compute_core::collective::set_checked(true)`), every all-reduce first exchanges a 32-byte header (round,
+//! element type, operation, element count) with `ncclAllGather` and waits for it, at most the
+//! rendezvous timeout: participants that disagree all get
+//! [`CollectiveError::Mismatch`](compute_core::collective::CollectiveError), and none runs the
+//! reduction; a participant that never comes makes the others abort the communicator and fail
+//! with a timeout. The check waits on the host, so each rank must be driven by its own thread
+//! (one process per GPU, as launchers start them).
 
-use std::sync::OnceLock;
+use std::sync::{Mutex, MutexGuard, OnceLock};
+use std::time::Instant;
 
+use compute_core::collective::{CHECK_VAR, CollectiveError, MismatchKind, World};
 use compute_core::{DeviceId, ElemType, ReduceOperation, ServerError};
+use cudarc::driver::{result as driver, sys as driver_sys};
 use cudarc::nccl::{result as nccl, sys};
 use hashbrown::HashMap;
 
-use crate::driver::Raw;
+use crate::driver::{Check, Context, Raw};
 
-type Comms = HashMap<Vec<DeviceId>, Vec<Raw<sys::ncclComm_t>>>;
+/// Bytes of the header the checked mode exchanges.
+const HEADER: usize = 32;
+const MAGIC: u32 = 0x4b48_4343;
 
-fn registry() -> &'static spin::Mutex<Comms> {
-    static COMMS: OnceLock<spin::Mutex<Comms>> = OnceLock::new();
-    COMMS.get_or_init(|| spin::Mutex::new(HashMap::new()))
+/// One group's communicators in this process.
+struct Group {
+    /// By position of the device in the group.
+    comms: Vec<Raw<sys::ncclComm_t>>,
+    /// The primary contexts of the group's devices, retained while the communicators live.
+    _contexts: Vec<Context>,
+    /// The checked mode's per-device state, by position.
+    checks: Vec<Option<HeaderCheck>>,
+    /// The error that broke the group (a checked exchange that timed out aborts it).
+    failed: Option<CollectiveError>,
+}
+
+/// Device buffers and the round counter of one device's header exchanges.
+struct HeaderCheck {
+    send: u64,
+    recv: u64,
+    ranks: usize,
+    round: u64,
+}
+
+type Comms = HashMap<Vec<DeviceId>, Group>;
+
+fn registry() -> MutexGuard<'static, Comms> {
+    static COMMS: OnceLock<Mutex<Comms>> = OnceLock::new();
+    COMMS
+        .get_or_init(|| Mutex::new(HashMap::new()))
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
 }
 
 /// Keep NVLink multicast (NVLS) off: it can put the host's shared GPUs out of service.
@@ -35,6 +82,102 @@ fn nccl_error(what: &str, e: nccl::NcclError) -> ServerError {
     ServerError::Driver(format!("{what}: {e:?}"))
 }
 
+/// The communicators of `group` within this process (`ncclCommInitAll`).
+fn init_local(group: &[DeviceId]) -> Result<Group, ServerError> {
+    let devices: Vec<i32> = group.iter().map(|d| d.index_id as i32).collect();
+    let mut raw = vec![core::ptr::null_mut(); devices.len()];
+    // SAFETY: `raw` has room for one communicator per device of `devices`.
+    unsafe { nccl::comm_init_all(raw.as_mut_ptr(), devices.len() as i32, devices.as_ptr()) }
+        .map_err(|e| nccl_error("ncclCommInitAll", e))?;
+    Ok(Group {
+        checks: raw.iter().map(|_| None).collect(),
+        comms: raw.into_iter().map(Raw).collect(),
+        _contexts: Vec::new(),
+        failed: None,
+    })
+}
+
+fn u64_of(bytes: &[u8], what: &str) -> Result<u64, ServerError> {
+    let arr: [u8; 8] = bytes.try_into().map_err(|_| {
+        ServerError::from(CollectiveError::Protocol(format!(
+            "{what}: {} bytes, expected 8",
+            bytes.len()
+        )))
+    })?;
+    Ok(u64::from_le_bytes(arr))
+}
+
+/// The communicators of this process's devices of `group`, a group spanning `world`.
+fn init_world(world: &World, group: &[DeviceId], me: usize) -> Result<Group, ServerError> {
+    let key = world.communicator(group);
+    let prefix = format!("nccl/{key}");
+    world.set(
+        &format!("{prefix}/count/{}", world.rank()),
+        &(group.len() as u64).to_le_bytes(),
+    )?;
+    let mut counts = Vec::with_capacity(world.size());
+    for rank in 0..world.size() {
+        let what = format!("{prefix}/count/{rank}");
+        counts.push(u64_of(&world.get(&what)?, &what)? as usize);
+    }
+    let base: usize = counts[..world.rank()].iter().sum();
+    let ranks: usize = counts.iter().sum();
+    let id_key = format!("{prefix}/id");
+    let id = if world.rank() == 0 {
+        let id = nccl::get_uniqueid().map_err(|e| nccl_error("ncclGetUniqueId", e))?;
+        let bytes: Vec<u8> = id.internal.iter().map(|&c| c as u8).collect();
+        world.set(&id_key, &bytes)?;
+        id
+    } else {
+        let bytes = world.get(&id_key)?;
+        let mut id = sys::ncclUniqueId { internal: [0; 128] };
+        if bytes.len() != id.internal.len() {
+            return Err(CollectiveError::Protocol(format!(
+                "{id_key}: {} bytes, expected {}",
+                bytes.len(),
+                id.internal.len()
+            ))
+            .into());
+        }
+        for (d, s) in id.internal.iter_mut().zip(bytes) {
+            *d = s as core::ffi::c_char;
+        }
+        id
+    };
+    // Every rank holds the id: NCCL's (unbounded) init starts only once all are here.
+    world.barrier(&format!("{prefix}/ready"))?;
+    let contexts: Vec<Context> = group
+        .iter()
+        .map(|d| Context::retain(d.index_id))
+        .collect::<Result<_, _>>()?;
+    let mut raw = vec![core::ptr::null_mut(); group.len()];
+    nccl::group_start().map_err(|e| nccl_error("ncclGroupStart", e))?;
+    let mut init = Ok(());
+    for (i, ctx) in contexts.iter().enumerate() {
+        init = ctx.bind().and_then(|()| {
+            // SAFETY: `raw[i]` receives the communicator; `id` is the world's, `base + i` a rank
+            // below `ranks`; the device's context is current.
+            unsafe { nccl::comm_init_rank(&mut raw[i], ranks as i32, id, (base + i) as i32) }
+                .map(drop)
+                .map_err(|e| nccl_error("ncclCommInitRank", e))
+        });
+        if init.is_err() {
+            break;
+        }
+    }
+    let ended = nccl::group_end().map_err(|e| nccl_error("ncclGroupEnd", e));
+    // Leave the calling server's own context current.
+    contexts[me].bind()?;
+    init?;
+    ended?;
+    Ok(Group {
+        checks: raw.iter().map(|_| None).collect(),
+        comms: raw.into_iter().map(Raw).collect(),
+        _contexts: contexts,
+        failed: None,
+    })
+}
+
 /// The communicator of `me` in `group` (sorted, deduplicated), creating the group's on first use.
 pub(crate) fn communicator(
     group: &[DeviceId],
@@ -45,9 +188,12 @@ pub(crate) fn communicator(
             "collective group {group:?} does not contain this device {me}"
         ))
     })?;
-    let mut comms = registry().lock();
-    if let Some(list) = comms.get(group) {
-        return Ok(list[rank]);
+    let mut comms = registry();
+    if let Some(g) = comms.get(group) {
+        if let Some(e) = &g.failed {
+            return Err(e.clone().into());
+        }
+        return Ok(g.comms[rank]);
     }
     if !crate::driver::nccl_available() {
         return Err(ServerError::Unavailable(
@@ -55,20 +201,18 @@ pub(crate) fn communicator(
         ));
     }
     disable_nvls();
-    let devices: Vec<i32> = group.iter().map(|d| d.index_id as i32).collect();
-    let mut raw = vec![core::ptr::null_mut(); devices.len()];
-    // SAFETY: `raw` has room for one communicator per device of `devices`.
-    unsafe { nccl::comm_init_all(raw.as_mut_ptr(), devices.len() as i32, devices.as_ptr()) }
-        .map_err(|e| nccl_error("ncclCommInitAll", e))?;
-    let list: Vec<_> = raw.into_iter().map(Raw).collect();
-    let mine = list[rank];
-    comms.insert(group.to_vec(), list);
+    let created = match compute_core::collective::world::world() {
+        Some(world) => init_world(world, group, rank)?,
+        None => init_local(group)?,
+    };
+    let mine = created.comms[rank];
+    comms.insert(group.to_vec(), created);
     Ok(mine)
 }
 
 /// Whether the group has communicators already.
 pub(crate) fn initialised(group: &[DeviceId]) -> bool {
-    registry().lock().contains_key(group)
+    registry().contains_key(group)
 }
 
 /// NCCL's type for `dtype`.
@@ -103,10 +247,196 @@ pub(crate) fn reduce_op(op: ReduceOperation) -> sys::ncclRedOp_t {
     }
 }
 
-/// Enqueue `ncclAllReduce` of `count` elements on `stream`.
+fn header_bytes(round: u64, dtype: ElemType, op: ReduceOperation, count: usize) -> [u8; HEADER] {
+    let mut h = [0u8; HEADER];
+    h[..4].copy_from_slice(&MAGIC.to_le_bytes());
+    h[4..12].copy_from_slice(&round.to_le_bytes());
+    h[12..16].copy_from_slice(&(data_type(dtype).map_or(u32::MAX, |t| t as u32)).to_le_bytes());
+    h[16..20].copy_from_slice(&(op as u32).to_le_bytes());
+    h[20..28].copy_from_slice(&(count as u64).to_le_bytes());
+    h
+}
+
+/// Compare the gathered headers with ours: the first disagreement, naming the NCCL rank.
+fn compare_headers(
+    ours: &[u8; HEADER],
+    all: &[u8],
+    dtype: ElemType,
+    op: ReduceOperation,
+    count: usize,
+) -> Result<(), CollectiveError> {
+    let word = |h: &[u8], at: usize, n: usize| {
+        let mut v = [0u8; 8];
+        v[..n].copy_from_slice(&h[at..at + n]);
+        u64::from_le_bytes(v)
+    };
+    let round = word(ours, 4, 8);
+    for (rank, theirs) in all.chunks_exact(HEADER).enumerate() {
+        let mismatch = |kind, expected: String, found: String| CollectiveError::Mismatch {
+            round,
+            kind,
+            expected,
+            found,
+            participant: format!("NCCL rank {rank}"),
+        };
+        if word(theirs, 0, 4) != MAGIC as u64 {
+            return Err(CollectiveError::Protocol(format!(
+                "NCCL rank {rank} sent no collective header (is {CHECK_VAR}=1 set on every rank?)"
+            )));
+        }
+        if word(theirs, 4, 8) != round {
+            return Err(mismatch(
+                MismatchKind::Round,
+                round.to_string(),
+                word(theirs, 4, 8).to_string(),
+            ));
+        }
+        if word(theirs, 12, 4) != word(ours, 12, 4) {
+            return Err(mismatch(
+                MismatchKind::DType,
+                dtype.to_string(),
+                format!("NCCL type {}", word(theirs, 12, 4)),
+            ));
+        }
+        if word(theirs, 16, 4) != word(ours, 16, 4) {
+            return Err(mismatch(
+                MismatchKind::Operation,
+                format!("{op:?}"),
+                format!("operation {}", word(theirs, 16, 4)),
+            ));
+        }
+        if word(theirs, 20, 8) != count as u64 {
+            return Err(mismatch(
+                MismatchKind::Size,
+                format!("{count} elements"),
+                format!("{} elements", word(theirs, 20, 8)),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The checked mode: exchange headers over `comm` on `stream` and wait (bounded) for them.
+fn check_header(
+    group: &[DeviceId],
+    me: usize,
+    comm: Raw<sys::ncclComm_t>,
+    dtype: ElemType,
+    op: ReduceOperation,
+    count: usize,
+    stream: Raw<driver_sys::CUstream>,
+) -> Result<(), ServerError> {
+    let (send, recv, ranks, round) = {
+        let mut comms = registry();
+        let g = comms.get_mut(group).ok_or_else(|| {
+            ServerError::InvalidArgument(format!("no communicator for {group:?}"))
+        })?;
+        if let Some(e) = &g.failed {
+            return Err(e.clone().into());
+        }
+        if g.checks[me].is_none() {
+            // SAFETY: writes one int.
+            let ranks = unsafe { nccl::comm_count(comm.0) }
+                .map_err(|e| nccl_error("ncclCommCount", e))? as usize;
+            // SAFETY: the calling server's context is current; the buffers live as long as the
+            // process's communicators (never freed, 32 bytes per rank).
+            let send = unsafe { driver::malloc_sync(HEADER) }.check("cuMemAlloc (header)")?;
+            // SAFETY: as above.
+            let recv =
+                unsafe { driver::malloc_sync(HEADER * ranks) }.check("cuMemAlloc (headers)")?;
+            g.checks[me] = Some(HeaderCheck {
+                send,
+                recv,
+                ranks,
+                round: 0,
+            });
+        }
+        let Some(c) = g.checks[me].as_mut() else {
+            unreachable!("set just above")
+        };
+        c.round += 1;
+        (c.send, c.recv, c.ranks, c.round)
+    };
+    let ours = header_bytes(round, dtype, op, count);
+    let mut all = vec![0u8; HEADER * ranks];
+    // SAFETY: `send` holds HEADER bytes, `recv` HEADER * ranks, `all` as many on the host; the
+    // stream is alive and waited for below before `ours` and `all` go.
+    unsafe {
+        driver::memcpy_htod_async(send, &ours[..], stream.0).check("cuMemcpyHtoDAsync (header)")?;
+        nccl::all_gather(
+            send as *const _,
+            recv as *mut _,
+            HEADER,
+            sys::ncclDataType_t::ncclUint8,
+            comm.0,
+            stream.0.cast(),
+        )
+        .map_err(|e| nccl_error("ncclAllGather (header)", e))?;
+        driver::memcpy_dtoh_async(&mut all[..], recv, stream.0)
+            .check("cuMemcpyDtoHAsync (headers)")?;
+    }
+    let timeout = compute_core::collective::rendezvous_timeout();
+    let deadline = Instant::now() + timeout;
+    // Bounded by the deadline.
+    loop {
+        // SAFETY: the stream is alive.
+        match unsafe { driver_sys::cuStreamQuery(stream.0) } {
+            driver_sys::CUresult::CUDA_SUCCESS => break,
+            driver_sys::CUresult::CUDA_ERROR_NOT_READY if Instant::now() < deadline => {
+                // A peer that died shows up as NCCL's asynchronous error (a remote or system
+                // error); end the wait then, rather than at the deadline.
+                let mut state = sys::ncclResult_t::ncclSuccess;
+                // SAFETY: `comm` is alive; writes one result.
+                let asked = unsafe { sys::ncclCommGetAsyncError(comm.0, &mut state) };
+                if asked == sys::ncclResult_t::ncclSuccess
+                    && !matches!(
+                        state,
+                        sys::ncclResult_t::ncclSuccess | sys::ncclResult_t::ncclInProgress
+                    )
+                {
+                    let e = CollectiveError::Io {
+                        what: format!("NCCL, in the header exchange of round {round} of {group:?}"),
+                        reason: format!("{state:?} (a rank failed or left)"),
+                    };
+                    // SAFETY: the communicator is not used after an abort (the group is failed).
+                    let _ = unsafe { nccl::comm_abort(comm.0) };
+                    if let Some(g) = registry().get_mut(group) {
+                        g.failed = Some(e.clone());
+                    }
+                    return Err(e.into());
+                }
+                std::thread::sleep(core::time::Duration::from_micros(200));
+            }
+            driver_sys::CUresult::CUDA_ERROR_NOT_READY => {
+                let e = CollectiveError::Timeout {
+                    waiting_for: format!(
+                        "every NCCL rank of {group:?} to exchange the header of round {round}"
+                    ),
+                    timeout_ms: timeout.as_millis() as u64,
+                };
+                // SAFETY: the communicator is not used after an abort (the group is failed).
+                let _ = unsafe { nccl::comm_abort(comm.0) };
+                if let Some(g) = registry().get_mut(group) {
+                    g.failed = Some(e.clone());
+                }
+                return Err(e.into());
+            }
+            other => {
+                return Err(ServerError::Driver(format!(
+                    "cuStreamQuery after the header exchange: {other:?}"
+                )));
+            }
+        }
+    }
+    compare_headers(&ours, &all, dtype, op, count).map_err(ServerError::from)
+}
+
+/// Enqueue `ncclAllReduce` of `count` elements on `stream`, for `me` of `group` (after the
+/// header check in the checked mode).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn all_reduce(
-    comm: Raw<sys::ncclComm_t>,
+    group: &[DeviceId],
+    me: DeviceId,
     src: u64,
     dst: u64,
     count: usize,
@@ -115,6 +445,11 @@ pub(crate) fn all_reduce(
     stream: Raw<cudarc::driver::sys::CUstream>,
 ) -> Result<(), ServerError> {
     let dt = data_type(dtype)?;
+    let comm = communicator(group, me)?;
+    if compute_core::collective::checked() {
+        let position = group.iter().position(|d| *d == me).unwrap_or(0);
+        check_header(group, position, comm, dtype, op, count, stream)?;
+    }
     // SAFETY: `src` and `dst` are device ranges of `count` elements kept alive by the caller's
     // bindings; `comm` lives in the process registry; the stream is alive.
     unsafe {
@@ -130,4 +465,49 @@ pub(crate) fn all_reduce(
     }
     .map_err(|e| nccl_error("ncclAllReduce", e))?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn headers_compare() {
+        let ours = header_bytes(3, ElemType::F32, ReduceOperation::Sum, 10);
+        let same = [ours, ours].concat();
+        assert!(compare_headers(&ours, &same, ElemType::F32, ReduceOperation::Sum, 10).is_ok());
+        let cases = [
+            (
+                header_bytes(3, ElemType::I32, ReduceOperation::Sum, 10),
+                MismatchKind::DType,
+            ),
+            (
+                header_bytes(3, ElemType::F32, ReduceOperation::Max, 10),
+                MismatchKind::Operation,
+            ),
+            (
+                header_bytes(3, ElemType::F32, ReduceOperation::Sum, 11),
+                MismatchKind::Size,
+            ),
+            (
+                header_bytes(4, ElemType::F32, ReduceOperation::Sum, 10),
+                MismatchKind::Round,
+            ),
+        ];
+        for (theirs, kind) in cases {
+            let all = [ours, theirs].concat();
+            let e =
+                compare_headers(&ours, &all, ElemType::F32, ReduceOperation::Sum, 10).unwrap_err();
+            assert!(
+                matches!(&e, CollectiveError::Mismatch { kind: k, participant, round: 3, .. }
+                    if *k == kind && participant == "NCCL rank 1"),
+                "{e:?}"
+            );
+        }
+        let zero = [ours, [0; HEADER]].concat();
+        assert!(matches!(
+            compare_headers(&ours, &zero, ElemType::F32, ReduceOperation::Sum, 10),
+            Err(CollectiveError::Protocol(_))
+        ));
+    }
 }

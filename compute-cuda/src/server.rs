@@ -1829,7 +1829,7 @@ impl ComputeServer for CudaServer {
             )));
         }
         crate::collective::data_type(dtype)?;
-        let comm = crate::collective::communicator(&group, self.owner.device)?;
+        crate::collective::communicator(&group, self.owner.device)?;
         let source = self.resolve(&src)?;
         let target = self.resolve(&dst)?;
         // The communication stream runs after the work of `stream` issued so far.
@@ -1852,7 +1852,10 @@ impl ComputeServer for CudaServer {
         let raw = self.stream(comm_stream)?.raw;
         let count = (src.size() / dtype.size() as u64) as usize;
         if count > 0 {
-            crate::collective::all_reduce(comm, source.ptr, target.ptr, count, dtype, op, raw)?;
+            let me = self.owner.device;
+            crate::collective::all_reduce(
+                &group, me, source.ptr, target.ptr, count, dtype, op, raw,
+            )?;
         }
         self.mark(comm_stream, &[&src, &dst], None)
     }

@@ -13,6 +13,7 @@ pub mod expectations;
 pub mod kernels;
 pub mod suite;
 pub mod util;
+pub mod world;
 
 use compute_core::{ComputeClient, Runtime};
 

@@ -5,10 +5,13 @@
 //!   `target/test-all.json`.
 //! * `cargo xtask bench [-- ARGS]`: the release bench binary on every
 //!   available backend, printed as a table; writes `target/bench.json`.
+//! * `cargo xtask launch -n N -- PROGRAM [ARGS]`: N local processes of a
+//!   program as one world (the rendezvous variables set).
 
 mod backends;
 mod bench;
 mod cargo;
+mod launch;
 mod libtest;
 mod paths;
 mod report;
@@ -25,11 +28,20 @@ usage: cargo xtask <command>
 commands:
   test-all            run the workspace unit tests, then the conformance suite
                       of every compute-tests backend feature that the probe
-                      finds available; prints one line per backend and writes
+                      finds available, then (with cpu) the multi-process
+                      collective tests (2 and 4 processes, row cpu-processes);
+                      prints one line per backend and writes
                       <target>/test-all.json; exits non-zero on any failure
   bench [-- ARGS]     run the compute-tests bench binary (release) on every
                       available backend; ARGS go to the bench binary (e.g. a
                       filter); prints a table from <target>/bench.json
+  launch -n N [--timeout-ms MS] [--deadline-s S] -- PROGRAM [ARGS]
+                      start N local processes of PROGRAM as one world: RANK,
+                      WORLD_SIZE, LOCAL_RANK, MASTER_ADDR=127.0.0.1, a free
+                      MASTER_PORT, COMPUTE_RENDEZVOUS_TIMEOUT_MS (default
+                      30000); output prefixed by rank; exits 0 when every
+                      rank exited 0 (ranks still running after S seconds,
+                      default 600, are killed)
   help                print this text
 
 environment:
@@ -71,6 +83,7 @@ fn dispatch(args: &[String]) -> u8 {
             exit_code(test_all::run())
         }
         "bench" => exit_code(bench::run(rest)),
+        "launch" => exit_code(launch::run(rest)),
         other => {
             eprintln!("xtask: unknown command `{other}`");
             eprint!("{USAGE}");
@@ -105,6 +118,7 @@ mod tests {
         for word in [
             "test-all",
             "bench",
+            "launch",
             "help",
             "COMPUTE_BACKENDS",
             test_all::REQUIRE_ENV,

@@ -21,6 +21,12 @@ const EXAMPLES: [&str; 3] = ["saxpy", "matmul", "reduce"];
 /// The env var the examples read to pick their backend.
 const EXAMPLE_BACKEND_ENV: &str = "COMPUTE_BACKEND";
 
+/// The integration test target of the multi-process collective tests (CPU backend).
+const WORLD: &str = "world";
+
+/// The row of the multi-process tests in the matrix.
+pub const WORLD_ROW: &str = "cpu-processes";
+
 /// Run test-all; returns the process exit code.
 pub fn run() -> i32 {
     let selection = match backends::detect() {
@@ -66,6 +72,9 @@ pub fn run() -> i32 {
                 reason: Some(reason.clone()),
             },
         };
+        reports.push(report);
+    }
+    if let Some(report) = world_tests(&probe.backends, &enabled, &mut failures) {
         reports.push(report);
     }
 
@@ -314,6 +323,59 @@ fn run_examples(
     reports
 }
 
+/// The `cargo test` arguments of the multi-process tests; the tests of a GPU backend the probe
+/// did not find (named `BACKEND_...`) are skipped.
+fn world_args(enabled: &[String], unavailable: &[String]) -> Vec<String> {
+    let mut args: Vec<String> = vec!["test".into(), "-p".into(), "compute-tests".into()];
+    args.extend(feature_args(enabled));
+    args.extend(["--test".into(), WORLD.into(), "--no-fail-fast".into()]);
+    if !unavailable.is_empty() {
+        args.push("--".into());
+        for name in unavailable {
+            args.extend(["--skip".into(), format!("{name}_")]);
+        }
+    }
+    args
+}
+
+/// Run the multi-process collective tests (2 and 4 local processes of the CPU backend) when the
+/// CPU backend is built and available; `None` when it is not built.
+fn world_tests(
+    probed: &[(String, Availability)],
+    enabled: &[String],
+    failures: &mut Vec<String>,
+) -> Option<BackendReport> {
+    let (_, availability) = probed.iter().find(|(name, _)| name == "cpu")?;
+    if let Availability::Unavailable(reason) = availability {
+        return Some(BackendReport {
+            backend: WORLD_ROW.into(),
+            passed: 0,
+            failed: 0,
+            skipped: 0,
+            reason: Some(reason.clone()),
+        });
+    }
+    eprintln!("xtask: running the multi-process collective tests (cpu, 2 and 4 processes) ...");
+    let unavailable: Vec<String> = probed
+        .iter()
+        .filter(|(_, a)| matches!(a, Availability::Unavailable(_)))
+        .map(|(name, _)| name.clone())
+        .collect();
+    let cargo = Cargo::new(world_args(enabled, &unavailable));
+    let verdict = run_tests(&cargo, "multi-process collectives (cpu)");
+    if verdict.counts.is_empty() {
+        failures.push("multi-process collectives (cpu): no test ran".into());
+    }
+    failures.extend(verdict.failures);
+    Some(BackendReport {
+        backend: WORLD_ROW.into(),
+        passed: verdict.counts.passed,
+        failed: verdict.counts.failed,
+        skipped: verdict.counts.skipped,
+        reason: None,
+    })
+}
+
 /// How many conformance tests a backend has (for a skipped backend).
 fn list_tests(name: &str, enabled: &[String]) -> u64 {
     let mut args = suite_args(name, enabled);
@@ -494,5 +556,37 @@ mod tests {
             )
             .is_empty()
         );
+    }
+
+    #[test]
+    fn world_args_name_the_target() {
+        assert_eq!(
+            world_args(&names(&["cpu", "wgpu"]), &names(&["wgpu"]))[9..],
+            names(&["--", "--skip", "wgpu_"])
+        );
+        assert_eq!(
+            world_args(&names(&["cpu"]), &[]),
+            names(&[
+                "test",
+                "-p",
+                "compute-tests",
+                "--no-default-features",
+                "--features",
+                "cpu",
+                "--test",
+                "world",
+                "--no-fail-fast",
+            ])
+        );
+        // Without the CPU backend built there is no row.
+        let mut failures = Vec::new();
+        assert_eq!(world_tests(&[], &names(&["wgpu"]), &mut failures), None);
+        let unavailable = [("cpu".to_string(), Availability::Unavailable("x".into()))];
+        let row = world_tests(&unavailable, &names(&["cpu"]), &mut failures).unwrap();
+        assert_eq!(
+            (row.backend.as_str(), row.reason.as_deref()),
+            (WORLD_ROW, Some("x"))
+        );
+        assert!(failures.is_empty());
     }
 }

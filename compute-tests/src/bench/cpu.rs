@@ -46,8 +46,97 @@ pub fn run(filter: &str) -> Vec<Row> {
         };
         rows.extend(super::kept::rows(BACKEND, &client, &out, &mut specific));
     }
+    if wanted("all_reduce") {
+        progress("cpu all_reduce over 2 processes vs 2 devices of one process (4 MiB)");
+        rows.push(all_reduce_processes());
+    }
     rows.extend(super::cpu_kernels::run(&client, filter));
     rows
+}
+
+/// The option that makes the bench binary run one rank of [`all_reduce_processes`].
+pub const WORLD_RANK_OPTION: &str = "--world-all-reduce";
+
+const ALL_REDUCE_BYTES: usize = 4 << 20;
+const ALL_REDUCE_ITERS: usize = 10;
+
+/// All-reduce (Sum, f32) of 4 MiB across 2 processes (host-staged over loopback TCP, through
+/// rank 0), against the same data reduced by 2 CPU devices of one process (host memory).
+fn all_reduce_processes() -> Row {
+    use compute_core::collective::launch::{Launch, launch};
+    let exe = std::env::current_exe().expect("the bench binary's path");
+    let (bytes, iters) = (ALL_REDUCE_BYTES.to_string(), ALL_REDUCE_ITERS.to_string());
+    let mut spec = Launch::new(2, exe, &[WORLD_RANK_OPTION, &bytes, &iters]);
+    spec.rendezvous_timeout = Duration::from_secs(30);
+    spec.deadline = Duration::from_secs(120);
+    spec.env.push(("COMPUTE_CPU_DEVICES".into(), "1".into()));
+    let out = launch(&spec).expect("starting the bench ranks");
+    assert!(
+        out.success(),
+        "all_reduce bench ranks failed:\n{}",
+        out.summary()
+    );
+    let ours: f64 = out.ranks[0]
+        .stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("all_reduce_seconds="))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("rank 0 printed no time: {:?}", out.ranks[0].stdout));
+
+    // Baseline: two devices of this process, each driven by its own thread.
+    let ids = vec![
+        compute_core::DeviceId::new(compute::cpu::CPU_DEVICE_TYPE, 0),
+        compute_core::DeviceId::new(compute::cpu::CPU_DEVICE_TYPE, 1),
+    ];
+    let threads: Vec<_> = (0..2u32)
+        .map(|d| {
+            let ids = ids.clone();
+            std::thread::spawn(move || {
+                let mut c = ComputeClient::<CpuRuntime>::load(&CpuDevice::new(d));
+                c.ensure_init_collective(ids.clone());
+                let src = c.create(Bytes::from_elems(vec![1.0f32; ALL_REDUCE_BYTES / 4]));
+                let dst = c.empty(ALL_REDUCE_BYTES);
+                let mut round = || {
+                    c.all_reduce(
+                        src.clone(),
+                        dst.clone(),
+                        compute_core::ElemType::F32,
+                        ids.clone(),
+                        compute_core::ReduceOperation::Sum,
+                    );
+                    c.sync_collective();
+                    c.flush().expect("in-process all_reduce");
+                };
+                round();
+                let mut best = f64::INFINITY;
+                for _ in 0..3 {
+                    let start = std::time::Instant::now();
+                    for _ in 0..ALL_REDUCE_ITERS {
+                        round();
+                    }
+                    best = best.min(start.elapsed().as_secs_f64() / ALL_REDUCE_ITERS as f64);
+                }
+                let got = c.read_one(dst).expect("read").to_elems::<f32>();
+                assert!(got.iter().all(|&v| v == 2.0), "in-process sum wrong");
+                best
+            })
+        })
+        .collect();
+    let times: Vec<f64> = threads
+        .into_iter()
+        .map(|t| t.join().expect("baseline thread"))
+        .collect();
+    let baseline = times[0];
+    let ms = 1e3;
+    Row::new(
+        BACKEND,
+        "all_reduce 4 MiB f32, 2 processes (TCP via rank 0)",
+        ours * ms,
+        "ms",
+        "same data, 2 devices of one process",
+        baseline * ms,
+        Better::Lower,
+    )
 }
 
 fn allocation(client: &ComputeClient<CpuRuntime>) -> Row {

@@ -4,6 +4,8 @@
 use compute_tests::bench::Row;
 
 fn main() {
+    #[cfg(feature = "cpu")]
+    world_rank();
     let mut out = String::from("target/bench.json");
     let mut backends: Vec<String> = Vec::new();
     let mut filter = String::new();
@@ -41,6 +43,27 @@ fn main() {
         fail(&format!("cannot write {out}: {e}"));
     }
     eprintln!("bench: wrote {} rows to {out}", rows.len());
+}
+
+/// When started by the all_reduce row's launcher: run one rank, print its time, and exit.
+#[cfg(feature = "cpu")]
+fn world_rank() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.first().map(String::as_str) != Some(compute_tests::bench::cpu::WORLD_RANK_OPTION) {
+        return;
+    }
+    let number = |i: usize| {
+        args.get(i)
+            .and_then(|a| a.parse::<usize>().ok())
+            .unwrap_or_else(|| usage("--world-all-reduce BYTES ITERS"))
+    };
+    match compute_tests::world::bench_rank::<compute::cpu::CpuRuntime>(number(1), number(2)) {
+        Ok(seconds) => {
+            println!("all_reduce_seconds={seconds}");
+            std::process::exit(0)
+        }
+        Err(e) => fail(&format!("all_reduce rank: {e}")),
+    }
 }
 
 fn usage(message: &str) -> ! {

@@ -5,8 +5,17 @@ use compute_core::{ComputeClient, DeviceId, ElemType, ReduceOperation, Runtime};
 use crate::kernels;
 use crate::util::{client_of, devices_or_single_device_check, f32_bytes, ramp};
 
+/// Collective tests share the devices' servers, whose round numbers and collective errors are
+/// per server and group: two of them running at once (the test harness runs tests in parallel)
+/// would mix their rounds. Each holds this lock for its duration.
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LOCK.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 /// `all_reduce` Sum and Mean over f32 and i32 on a subset of the devices.
 pub fn all_reduce_sum_and_mean<R: Runtime>(client: ComputeClient<R>) {
+    let _serial = serial();
     let Some(ids) = devices_or_single_device_check(&client, 3, "all_reduce_sum_and_mean") else {
         return;
     };
@@ -63,6 +72,7 @@ pub fn all_reduce_sum_and_mean<R: Runtime>(client: ComputeClient<R>) {
 
 /// A collective is ordered after the compute that produced its input, and before later reads.
 pub fn all_reduce_orders_with_compute<R: Runtime>(client: ComputeClient<R>) {
+    let _serial = serial();
     let Some(ids) = devices_or_single_device_check(&client, 2, "all_reduce_orders_with_compute")
     else {
         return;
@@ -93,6 +103,7 @@ pub fn all_reduce_orders_with_compute<R: Runtime>(client: ComputeClient<R>) {
 
 /// A collective over a group that does not contain the device, or before init, is an error.
 pub fn collective_errors<R: Runtime>(mut client: ComputeClient<R>) {
+    let _serial = serial();
     let Some(ids) = devices_or_single_device_check(&client, 2, "collective_errors") else {
         return;
     };
@@ -117,4 +128,111 @@ pub fn collective_errors<R: Runtime>(mut client: ComputeClient<R>) {
     ];
     client.all_reduce(a, b, ElemType::F32, never_initialised, ReduceOperation::Sum);
     assert!(client.flush().is_err());
+}
+
+/// Participants that disagree on the element type or the operation (or the size) all get
+/// `ServerError::Collective(CollectiveError::Mismatch)` with the kind of the disagreement; the
+/// output and a buffer made before read back unchanged, and the group still reduces afterwards.
+pub fn all_reduce_mismatch_fails_every_participant<R: Runtime>(client: ComputeClient<R>) {
+    let _serial = serial();
+    use compute_core::ServerError;
+    use compute_core::collective::{CollectiveError, MismatchKind};
+
+    let Some(ids) =
+        devices_or_single_device_check(&client, 2, "all_reduce_mismatch_fails_every_participant")
+    else {
+        return;
+    };
+    let mut clients: Vec<ComputeClient<R>> = ids.iter().map(|&d| client_of::<R>(d)).collect();
+    for c in &mut clients {
+        c.ensure_init_collective(ids.clone());
+    }
+    // The collective libraries' checked mode (NCCL) is what makes a disagreement an error
+    // there; the host-staged backends always check. Each device is driven by its own thread, as
+    // the checked mode's header exchange needs.
+    let was_checked = compute_core::collective::checked();
+    compute_core::collective::set_checked(true);
+    let cases = [
+        (
+            [
+                (ElemType::F32, ReduceOperation::Sum),
+                (ElemType::I32, ReduceOperation::Max),
+            ],
+            [16, 16],
+            MismatchKind::DType,
+        ),
+        (
+            [
+                (ElemType::F32, ReduceOperation::Sum),
+                (ElemType::F32, ReduceOperation::Max),
+            ],
+            [16, 16],
+            MismatchKind::Operation,
+        ),
+        (
+            [
+                (ElemType::I32, ReduceOperation::Min),
+                (ElemType::I32, ReduceOperation::Min),
+            ],
+            [16, 8],
+            MismatchKind::Size,
+        ),
+    ];
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        std::thread::scope(|scope| {
+            let threads: Vec<_> = clients
+                .iter_mut()
+                .enumerate()
+                .map(|(i, c)| {
+                    let ids = ids.clone();
+                    scope.spawn(move || {
+                        let before = c.create(f32_bytes(&[1.5, -2.5, 3.5, 4.5]));
+                        for (setup, lens, kind) in cases {
+                            let (dtype, op) = setup[i];
+                            let src = c.create(compute_core::Bytes::from_elems(vec![7u8; lens[i]]));
+                            let dst = c.create(compute_core::Bytes::from_elems(vec![9u8; lens[i]]));
+                            c.all_reduce(src, dst.clone(), dtype, ids.clone(), op);
+                            c.sync_collective();
+                            let err = c.flush().expect_err("a mismatched all_reduce succeeded");
+                            assert!(
+                                matches!(
+                                    &err,
+                                    ServerError::Collective(CollectiveError::Mismatch { kind: k, .. })
+                                        if *k == kind
+                                ),
+                                "{} device {i}, {kind} case: {err:?}",
+                                R::name()
+                            );
+                            c.flush().expect("the error is reported once");
+                            assert_eq!(
+                                c.read_one(dst).unwrap().to_vec(),
+                                vec![9u8; lens[i]],
+                                "the output of a rejected round was written"
+                            );
+                        }
+                        // The group still reduces, and the buffer made before is intact.
+                        let src = c.create(compute_core::Bytes::from_elems(vec![i as i32 + 1; 3]));
+                        let dst = c.empty(12);
+                        c.all_reduce(src, dst.clone(), ElemType::I32, ids, ReduceOperation::Max);
+                        c.sync_collective();
+                        c.flush().expect("an agreeing all_reduce after the mismatches");
+                        assert_eq!(c.read_one(dst).unwrap().to_elems::<i32>(), vec![2; 3]);
+                        assert_eq!(
+                            c.read_one(before).unwrap().to_elems::<f32>(),
+                            vec![1.5, -2.5, 3.5, 4.5]
+                        );
+                    })
+                })
+                .collect();
+            for t in threads {
+                if let Err(panic) = t.join() {
+                    std::panic::resume_unwind(panic);
+                }
+            }
+        })
+    }));
+    compute_core::collective::set_checked(was_checked);
+    if let Err(panic) = outcome {
+        std::panic::resume_unwind(panic);
+    }
 }

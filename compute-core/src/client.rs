@@ -74,7 +74,7 @@ impl<R: Runtime> Drop for StreamLease<R> {
             Err(std::sync::TryLockError::WouldBlock) => None,
         };
         if let Some(mut server) = guard {
-            self.shared.retire_announced(&mut server, true);
+            self.shared.retire_announced(&mut server, false);
         }
     }
 }
@@ -163,7 +163,8 @@ impl<R: Runtime> ClientShared<R> {
     }
 
     /// Take the newly announced streams and, when there are some or `retry` is set, ask the
-    /// server to retire every stream waiting for it; keep those it cannot free yet.
+    /// server to retire every stream waiting for it; keep those it cannot free yet. `retry` (the
+    /// explicit memory calls) also lets the server wait for those streams' work.
     fn retire_announced(&self, server: &mut R::Server, retry: bool) {
         let announced = if self.sink.signalled() {
             self.sink.take()
@@ -180,7 +181,7 @@ impl<R: Runtime> ClientShared<R> {
         }
         let mut retired = Vec::new();
         retiring.retain(|&id| {
-            let done = server.retire_stream(id);
+            let done = server.retire_stream(id, retry);
             if done {
                 retired.push(id);
             }

@@ -24,6 +24,13 @@ impl GraphId {
 }
 
 /// A captured graph; dropping it releases it on its server.
+///
+/// The graph keeps alive every buffer it recorded (the handles can be dropped right after the
+/// capture; replays still use those buffers) and the client it was captured with (so a
+/// [forked](crate::ComputeClient::fork_stream) stream is not retired while the graph lives).
+/// Dropping it frees those buffers once its replays have run: after a sync, the stream's
+/// `memory_usage` no longer counts them. See the client's
+/// [Graph capture](crate::ComputeClient#graph-capture) notes.
 pub struct Graph<R: Runtime> {
     client: ComputeClient<R>,
     id: GraphId,

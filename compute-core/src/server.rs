@@ -121,12 +121,16 @@ pub trait ComputeServer: Send + Sized + 'static {
 
     /// Retire `stream`, which no client will use again (its thread exited, or the last client of
     /// a forked stream dropped): when nothing of its pools is in use (no live handle, no capture
-    /// running), wait for its queued work, free its pools (their reserved memory goes back to the
-    /// driver) and release its backend queue (worker thread, driver stream), and return `true`.
-    /// Return `false` and keep everything when something is still in use: the client asks again
-    /// later. A stream the server has no state for returns `true`. Work issued on the id
-    /// afterwards would start a new state, as for a new stream.
-    fn retire_stream(&mut self, stream: StreamId) -> bool;
+    /// running) and its queued work has run, free its pools (their reserved memory goes back to
+    /// the driver) and release its backend queue (worker thread, driver stream), and return
+    /// `true`. Return `false` and keep everything when something is still in use or, without
+    /// `wait`, when its work has not all run yet: the client asks again later. With `wait` the
+    /// server may block for the stream's queued work (the client passes it only from its explicit
+    /// memory calls, on a user's thread); without it, it must not block (the call may come from
+    /// any thread that drops a client, a runtime thread among them). A stream the server has no
+    /// state for returns `true`. Work issued on the id afterwards would start a new state, as for
+    /// a new stream.
+    fn retire_stream(&mut self, stream: StreamId, wait: bool) -> bool;
 
     /// Switch `stream`'s allocation mode.
     ///

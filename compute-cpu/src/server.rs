@@ -570,7 +570,7 @@ impl ComputeServer for CpuServer {
         }
     }
 
-    fn retire_stream(&mut self, stream: StreamId) -> bool {
+    fn retire_stream(&mut self, stream: StreamId, wait: bool) -> bool {
         let Some(state) = self.streams.get(&stream) else {
             return true;
         };
@@ -579,7 +579,11 @@ impl ComputeServer for CpuServer {
         }
         // Its queued work runs first (queued commands hold the bindings they use); other
         // streams' commands that wait for it hold its progress counter (an `Arc`), not the state.
-        state.worker.wait_idle();
+        if wait {
+            state.worker.wait_idle();
+        } else if !state.worker.is_idle() {
+            return false;
+        }
         if state.memory.memory_usage().number_allocs > 0 {
             return false;
         }

@@ -109,6 +109,11 @@ impl Worker {
         compute_core::error::take_first(&mut self.errors.lock())
     }
 
+    /// Whether every submitted command has run (without blocking).
+    pub(crate) fn is_idle(&self) -> bool {
+        self.progress.completed.load(Ordering::Acquire) >= self.submitted
+    }
+
     /// Block until every submitted command has run.
     pub(crate) fn wait_idle(&self) {
         self.progress.wait_for(self.submitted);

@@ -1518,14 +1518,26 @@ impl ComputeServer for CudaServer {
         }
     }
 
-    fn retire_stream(&mut self, stream: StreamId) -> bool {
-        if !self.streams.contains_key(&stream) {
+    fn retire_stream(&mut self, stream: StreamId, wait: bool) -> bool {
+        let Some(raw) = self.streams.get(&stream).map(|s| s.raw) else {
             return true;
-        }
-        // The copy team's driver calls may target the stream.
-        self.settle_quietly();
+        };
         if self.context.bind().is_err() {
             return false;
+        }
+        if wait {
+            // The copy team's driver calls may target the stream.
+            self.settle_quietly();
+        } else {
+            // Without waiting: nothing handed to the copy team, and the stream idle.
+            if self.issuing.is_some() {
+                return false;
+            }
+            // SAFETY: the stream is alive (owned by its state).
+            let idle = unsafe { sys::cuStreamQuery(raw.0) } == sys::CUresult::CUDA_SUCCESS;
+            if !idle {
+                return false;
+            }
         }
         let events = &mut self.events;
         let Some(state) = self.streams.get_mut(&stream) else {

@@ -1383,7 +1383,7 @@ impl ComputeServer for VulkanServer {
         }
     }
 
-    fn retire_stream(&mut self, stream: StreamId) -> bool {
+    fn retire_stream(&mut self, stream: StreamId, _wait: bool) -> bool {
         let Some(state) = self.streams.get(&stream) else {
             return true;
         };

@@ -1370,7 +1370,7 @@ impl ComputeServer for WgpuServer {
         let _ = self.submitter.prune();
     }
 
-    fn retire_stream(&mut self, stream: StreamId) -> bool {
+    fn retire_stream(&mut self, stream: StreamId, _wait: bool) -> bool {
         let Some(state) = self.streams.get(&stream) else {
             return true;
         };

@@ -14,8 +14,9 @@ use super::{Better, Row};
 
 /// Launches per timed block.
 pub const LAUNCHES: usize = 2000;
-/// Timed blocks per variant (the best is kept); variants alternate block by block.
-const ROUNDS: usize = 15;
+/// Timed blocks per variant (the best is kept); variants alternate block by block, in an order
+/// that rotates every round so that none always runs first after the drain.
+const ROUNDS: usize = 45;
 
 /// The kernel the rows launch: `out[i] = value` on one cube.
 pub fn definition() -> KernelDefinition {
@@ -79,15 +80,16 @@ pub fn rows<R: Runtime>(
     generic_converting(client, &definition, &args, LAUNCHES);
     drain();
     let mut best = [f64::INFINITY; 3];
-    for _ in 0..ROUNDS {
-        for (i, b) in best.iter_mut().enumerate() {
+    for round in 0..ROUNDS {
+        for k in 0..best.len() {
+            let i = (k + round) % best.len();
             let start = Instant::now();
             match i {
                 0 => generic_kept(client, &kernel, &args, LAUNCHES),
                 1 => specific(LAUNCHES),
                 _ => generic_converting(client, &definition, &args, LAUNCHES),
             }
-            *b = b.min(start.elapsed().as_secs_f64() / LAUNCHES as f64);
+            best[i] = best[i].min(start.elapsed().as_secs_f64() / LAUNCHES as f64);
             drain();
         }
     }

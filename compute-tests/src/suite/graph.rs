@@ -123,9 +123,8 @@ pub fn capture_beside_writes_on_other_streams<R: Runtime>(mut client: ComputeCli
 /// Capture, replay, drop every handle and then the graph, sync: the stream's memory in use is
 /// back to the figure before the capture at once (no later launch needed to release the
 /// buffers the graph bound).
-pub fn dropped_graph_frees_its_buffers_at_the_next_sync<R: Runtime>(mut client: ComputeClient<R>) {
-    // SAFETY: a dedicated capture stream used by this thread only.
-    unsafe { client.set_stream(StreamId::fresh()) };
+pub fn dropped_graph_frees_its_buffers_at_the_next_sync<R: Runtime>(client: ComputeClient<R>) {
+    let client = client.fork_stream();
     let n = 64 * 1024;
     let kernel = kernels::add_f32(1);
     let before = client.stream_memory_usage().unwrap();

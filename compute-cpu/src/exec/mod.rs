@@ -30,6 +30,7 @@
 //! ```
 
 mod global;
+pub mod jit;
 mod lanes;
 mod plan;
 mod plane;
@@ -42,7 +43,7 @@ use compute_core::error::ServerError;
 use compute_core::kernel::KernelDefinition;
 use compute_core::kernel::ScalarValue;
 
-pub use plan::{Plan, compile};
+pub use plan::{Executor, Plan, compile, compile_interpreted};
 
 use global::GlobalMem;
 use run::Launch;
@@ -170,7 +171,10 @@ impl Plan {
             cube_count,
             checked: bounds_checked,
         };
-        self.run_launch(&launch);
+        match &self.jit {
+            Some(jit) => jit.run_launch(&launch),
+            None => self.run_launch(&launch),
+        }
         Ok(())
     }
 

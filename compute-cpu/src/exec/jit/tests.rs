@@ -1,0 +1,416 @@
+//! The JIT against the interpreter: the same kernels on the same inputs give the same bits.
+
+use compute_core::elem::ElemType;
+use compute_core::kernel::{BinaryOp, CmpOp, KernelBuilder, KernelDefinition, UnaryOp};
+
+use super::super::{Executor, HostArg, compile_interpreted, plan::compile_with};
+
+/// Deterministic bytes with edge values mixed in: 0, all ones, sign bits, NaN, infinities.
+fn input(elem: ElemType, n: usize, seed: u64) -> Vec<u8> {
+    let size = elem.size();
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut out = Vec::with_capacity(n * size);
+    let edges: &[u64] = match elem {
+        ElemType::F32 => &[
+            0,
+            0x8000_0000,
+            0x3f80_0000,
+            0xbf80_0000,
+            0x7fc0_0000,
+            0x7f80_0000,
+            0xff80_0000,
+            0x4f00_0000,
+            0xcf00_0001,
+            0x3f00_0000,
+            0x4040_0000,
+        ],
+        ElemType::F64 => &[
+            0,
+            0x8000_0000_0000_0000,
+            0x3ff0_0000_0000_0000,
+            0x7ff8_0000_0000_0000,
+            0x7ff0_0000_0000_0000,
+            0x43e0_0000_0000_0000,
+            0x3fe0_0000_0000_0000,
+        ],
+        ElemType::F16 => &[0, 0x8000, 0x3c00, 0x7e00, 0x7c00, 0x3800, 0x5640],
+        ElemType::BF16 => &[0, 0x8000, 0x3f80, 0x7fc0, 0x7f80, 0x3f00],
+        ElemType::Bool => &[0, 1],
+        _ => &[
+            0,
+            1,
+            u64::MAX,
+            1 << (size * 8 - 1),
+            (1 << (size * 8 - 1)) - 1,
+            2,
+            7,
+        ],
+    };
+    for i in 0..n {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        let mut v = if i % 3 == 0 {
+            edges[(i / 3) % edges.len()]
+        } else {
+            s
+        };
+        match elem {
+            ElemType::Bool => v &= 1,
+            // Moderate floats, so arithmetic is not all overflow.
+            ElemType::F32 if i % 3 != 0 => {
+                v = (((s >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 200.0).to_bits() as u64
+            }
+            ElemType::F64 if i % 3 != 0 => {
+                v = (((s >> 11) as f64 / (1u64 << 53) as f64 - 0.5) * 200.0).to_bits()
+            }
+            ElemType::F16 if i % 3 != 0 => {
+                v = half::f16::from_f32(((s >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 50.0)
+                    .to_bits() as u64
+            }
+            ElemType::BF16 if i % 3 != 0 => {
+                v = half::bf16::from_f32(((s >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 50.0)
+                    .to_bits() as u64
+            }
+            _ => {}
+        }
+        out.extend_from_slice(&v.to_le_bytes()[..size]);
+    }
+    out
+}
+
+fn same(elem: ElemType, a: &[u8], b: &[u8]) -> bool {
+    let size = elem.size();
+    a.chunks(size).zip(b.chunks(size)).all(|(x, y)| {
+        if x == y {
+            return true;
+        }
+        // NaNs may differ in payload.
+        match elem {
+            ElemType::F32 => {
+                f32::from_le_bytes(x.try_into().unwrap()).is_nan()
+                    && f32::from_le_bytes(y.try_into().unwrap()).is_nan()
+            }
+            ElemType::F64 => {
+                f64::from_le_bytes(x.try_into().unwrap()).is_nan()
+                    && f64::from_le_bytes(y.try_into().unwrap()).is_nan()
+            }
+            ElemType::F16 => {
+                half::f16::from_le_bytes(x.try_into().unwrap()).is_nan()
+                    && half::f16::from_le_bytes(y.try_into().unwrap()).is_nan()
+            }
+            ElemType::BF16 => {
+                half::bf16::from_le_bytes(x.try_into().unwrap()).is_nan()
+                    && half::bf16::from_le_bytes(y.try_into().unwrap()).is_nan()
+            }
+            _ => false,
+        }
+    })
+}
+
+/// Run `def` on both executors over `inputs` (read-only) and a zeroed output of `out_bytes`;
+/// assert the JIT ran and the outputs agree.
+fn check(
+    def: &KernelDefinition,
+    cubes: u32,
+    inputs: &[Vec<u8>],
+    out_elem: ElemType,
+    out_bytes: usize,
+) {
+    let jit = compile_with(def, true).unwrap();
+    assert_eq!(
+        jit.executor(),
+        Executor::Jit,
+        "kernel `{}` fell back: {:?}",
+        def.name(),
+        jit.jit_fallback()
+    );
+    let interp = compile_interpreted(def).unwrap();
+    assert_eq!(interp.executor(), Executor::Interpreter);
+    let mut outs = Vec::new();
+    for plan in [&jit, &interp] {
+        let mut ins: Vec<Vec<u8>> = inputs.to_vec();
+        let mut out = vec![0u8; out_bytes];
+        let mut args: Vec<HostArg<'_>> = ins.iter_mut().map(|b| HostArg::new(b)).collect();
+        args.push(HostArg::new(&mut out));
+        plan.execute_host([cubes, 1, 1], &mut args, &[]).unwrap();
+        outs.push(out);
+    }
+    assert!(
+        same(out_elem, &outs[0], &outs[1]),
+        "kernel `{}`: JIT {:?}\ninterpreter {:?}",
+        def.name(),
+        &outs[0][..outs[0].len().min(64)],
+        &outs[1][..outs[1].len().min(64)]
+    );
+}
+
+const N: usize = 256;
+
+fn binary_kernel(op: BinaryOp, elem: ElemType, width: u8) -> Option<KernelDefinition> {
+    let mut k = KernelBuilder::new(&format!("bin_{}_{elem}_{width}", op.name()), [32, 1, 1]);
+    let a = k.input("a", elem, width);
+    let b = k.input("b", elem, width);
+    let o = k.output("o", elem, width);
+    let i = k.absolute_pos();
+    let x = k.load(a, i);
+    let y = k.load(b, i);
+    let r = k.binary(op, x, y);
+    k.store(o, i, r);
+    k.build().ok()
+}
+
+#[test]
+fn binary_ops_match_the_interpreter() {
+    let ops = [
+        BinaryOp::Add,
+        BinaryOp::Sub,
+        BinaryOp::Mul,
+        BinaryOp::Div,
+        BinaryOp::Rem,
+        BinaryOp::Min,
+        BinaryOp::Max,
+        BinaryOp::Pow,
+        BinaryOp::And,
+        BinaryOp::Or,
+        BinaryOp::BitAnd,
+        BinaryOp::BitOr,
+        BinaryOp::BitXor,
+        BinaryOp::Shl,
+        BinaryOp::Shr,
+    ];
+    let mut ran = 0;
+    for elem in ElemType::ALL {
+        for width in [1u8, 2, 4, 8] {
+            for op in ops {
+                let Some(def) = binary_kernel(op, elem, width) else {
+                    continue;
+                };
+                let n = N * width as usize;
+                let ins = [input(elem, n, 1), input(elem, n, 2)];
+                check(&def, (N / 32) as u32, &ins, elem, n * elem.size());
+                ran += 1;
+            }
+        }
+    }
+    assert!(ran > 200, "only {ran} kernels built");
+}
+
+#[test]
+fn unary_ops_and_comparisons_match_the_interpreter() {
+    let ops = [
+        UnaryOp::Neg,
+        UnaryOp::Abs,
+        UnaryOp::Not,
+        UnaryOp::BitNot,
+        UnaryOp::Sqrt,
+        UnaryOp::Rsqrt,
+        UnaryOp::Exp,
+        UnaryOp::Log,
+        UnaryOp::Log1p,
+        UnaryOp::Sin,
+        UnaryOp::Cos,
+        UnaryOp::Tanh,
+        UnaryOp::Erf,
+        UnaryOp::Floor,
+        UnaryOp::Ceil,
+        UnaryOp::Round,
+        UnaryOp::Recip,
+    ];
+    let mut ran = 0;
+    for elem in ElemType::ALL {
+        for width in [1u8, 4] {
+            let n = N * width as usize;
+            let ins = [input(elem, n, 3)];
+            for op in ops {
+                let mut k = KernelBuilder::new(&format!("un_{}_{elem}", op.name()), [32, 1, 1]);
+                let a = k.input("a", elem, width);
+                let o = k.output("o", elem, width);
+                let i = k.absolute_pos();
+                let x = k.load(a, i);
+                let r = k.unary(op, x);
+                k.store(o, i, r);
+                let Ok(def) = k.build() else { continue };
+                check(&def, (N / 32) as u32, &ins, elem, n * elem.size());
+                ran += 1;
+            }
+            for c in [
+                CmpOp::Eq,
+                CmpOp::Ne,
+                CmpOp::Lt,
+                CmpOp::Le,
+                CmpOp::Gt,
+                CmpOp::Ge,
+            ] {
+                let mut k = KernelBuilder::new(&format!("cmp_{}_{elem}", c.name()), [32, 1, 1]);
+                let a = k.input("a", elem, width);
+                let b = k.input("b", elem, width);
+                let o = k.output("o", ElemType::Bool, width);
+                let i = k.absolute_pos();
+                let x = k.load(a, i);
+                let y = k.load(b, i);
+                let r = k.compare(c, x, y);
+                k.store(o, i, r);
+                let def = k.build().unwrap();
+                let ins = [input(elem, n, 4), input(elem, n, 4 + (ran % 2) as u64)];
+                check(&def, (N / 32) as u32, &ins, ElemType::Bool, n);
+                ran += 1;
+            }
+        }
+    }
+    assert!(ran > 150, "only {ran} kernels built");
+}
+
+#[test]
+fn casts_fma_clamp_select_match_the_interpreter() {
+    for from in ElemType::ALL {
+        for width in [1u8, 4] {
+            let n = N * width as usize;
+            let ins = [input(from, n, 5)];
+            for to in ElemType::ALL {
+                let mut k = KernelBuilder::new(&format!("cast_{from}_{to}"), [32, 1, 1]);
+                let a = k.input("a", from, width);
+                let o = k.output("o", to, width);
+                let i = k.absolute_pos();
+                let x = k.load(a, i);
+                let r = k.cast(x, to);
+                k.store(o, i, r);
+                check(
+                    &k.build().unwrap(),
+                    (N / 32) as u32,
+                    &ins,
+                    to,
+                    n * to.size(),
+                );
+            }
+            if from == ElemType::Bool {
+                continue;
+            }
+            let ins3 = [input(from, n, 6), input(from, n, 7), input(from, n, 8)];
+            let mut k = KernelBuilder::new(&format!("clamp_sel_{from}"), [32, 1, 1]);
+            let a = k.input("a", from, width);
+            let b = k.input("b", from, width);
+            let c = k.input("c", from, width);
+            let o = k.output("o", from, width);
+            let i = k.absolute_pos();
+            let (x, y, z) = (k.load(a, i), k.load(b, i), k.load(c, i));
+            let r = k.clamp(x, y, z);
+            let lt = k.lt(r, y);
+            let r = k.select(lt, x, r);
+            k.store(o, i, r);
+            check(
+                &k.build().unwrap(),
+                (N / 32) as u32,
+                &ins3,
+                from,
+                n * from.size(),
+            );
+            if from.is_float() {
+                let mut k = KernelBuilder::new(&format!("fma_{from}"), [32, 1, 1]);
+                let a = k.input("a", from, width);
+                let b = k.input("b", from, width);
+                let c = k.input("c", from, width);
+                let o = k.output("o", from, width);
+                let i = k.absolute_pos();
+                let (x, y, z) = (k.load(a, i), k.load(b, i), k.load(c, i));
+                let r = k.fma(x, y, z);
+                k.store(o, i, r);
+                check(
+                    &k.build().unwrap(),
+                    (N / 32) as u32,
+                    &ins3,
+                    from,
+                    n * from.size(),
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn control_flow_barriers_and_shared_memory_match_the_interpreter() {
+    // Per-unit loops with break/continue/return, then a barrier-split tree over shared memory
+    // inside a uniform range loop, with values and variables crossing the barriers.
+    let mut k = KernelBuilder::new("mixed", [64, 1, 1]);
+    let a = k.input("a", ElemType::U32, 1);
+    let o = k.output("o", ElemType::U32, 1);
+    let tree = k.shared("tree", ElemType::U32, 1, 64);
+    let unit = k.unit_pos();
+    let i = k.absolute_pos();
+    let x = k.load(a, i);
+    let lim = k.rem(x, 23u32);
+    let acc = k.var(0u32);
+    k.loop_(|k| {
+        let c = k.get(acc);
+        let done = k.ge(c, lim);
+        k.if_(done, |k| k.break_());
+        let odd = k.bit_and(c, 1u32);
+        let odd = k.eq(odd, 1u32);
+        k.if_(odd, |k| {
+            let c = k.get(acc);
+            let c = k.add(c, 3u32);
+            k.assign(acc, c);
+            k.continue_();
+        });
+        let c = k.get(acc);
+        let c = k.add(c, 1u32);
+        k.assign(acc, c);
+    });
+    let total = k.var(0u32);
+    k.range(0u32, 3u32, 1u32, |k, round| {
+        let v = k.get(acc);
+        let v = k.add(v, round);
+        k.store(tree, unit, v);
+        k.barrier();
+        let mut stride = 32u32;
+        while stride > 0 {
+            let active = k.lt(unit, stride);
+            k.if_(active, |k| {
+                let other = k.add(unit, stride);
+                let p = k.load(tree, unit);
+                let q = k.load(tree, other);
+                let s = k.add(p, q);
+                k.store(tree, unit, s);
+            });
+            k.barrier();
+            stride /= 2;
+        }
+        let s = k.load(tree, 0u32);
+        let t = k.get(total);
+        let t = k.add(t, s);
+        let t = k.add(t, x);
+        k.assign(total, t);
+        k.barrier();
+    });
+    let quit = k.eq(lim, 5u32);
+    k.if_(quit, |k| k.return_());
+    let t = k.get(total);
+    k.store(o, i, t);
+    let def = k.build().unwrap();
+    let n = 64 * 8;
+    let ins = [input(ElemType::U32, n, 9)];
+    check(&def, 8, &ins, ElemType::U32, n * 4);
+}
+
+#[test]
+fn kernels_the_jit_leaves_to_the_interpreter() {
+    let mut k = KernelBuilder::new("plane", [32, 1, 1]);
+    let o = k.output("o", ElemType::U32, 1);
+    let u = k.unit_pos();
+    let s = k.plane_sum(u);
+    k.store(o, u, s);
+    let plan = compile_with(&k.build().unwrap(), true).unwrap();
+    assert_eq!(plan.executor(), Executor::Interpreter);
+    assert!(plan.jit_fallback().unwrap().contains("plane"));
+
+    // A barrier under a per-unit condition.
+    let mut k = KernelBuilder::new("divergent_barrier", [32, 1, 1]);
+    let o = k.output("o", ElemType::U32, 1);
+    let u = k.unit_pos();
+    let c = k.lt(u, 3u32);
+    k.if_(c, |k| k.barrier());
+    k.store(o, u, u);
+    let plan = compile_with(&k.build().unwrap(), true).unwrap();
+    assert_eq!(plan.executor(), Executor::Interpreter);
+    assert!(plan.jit_fallback().unwrap().contains("not uniform"));
+}

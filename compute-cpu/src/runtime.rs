@@ -20,7 +20,18 @@ fn properties(device: CpuDevice) -> DeviceProperties {
     let total = host_memory_bytes();
     let max_page = total.unwrap_or(16 << 30);
     DeviceProperties {
-        name: format!("cpu:{}", device.index),
+        // The executor and the instruction-set features in use, e.g.
+        // `cpu:0 (jit; x86_64 avx2 fma sse4.1)`.
+        name: format!(
+            "cpu:{} ({}; {})",
+            device.index,
+            if crate::exec::jit::enabled() {
+                "jit"
+            } else {
+                "interpreter"
+            },
+            crate::exec::jit::features().describe()
+        ),
         backend: "cpu".into(),
         memory: MemoryDeviceProperties {
             max_page_size: max_page,

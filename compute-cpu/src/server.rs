@@ -28,6 +28,9 @@ use crate::kernel::CpuKernel;
 use crate::storage::{CPU_ALIGNMENT, CpuResource, CpuStorage};
 use crate::worker::{Command, Progress, Worker};
 
+/// Launches of at most this many units run on the calling thread when their stream is idle.
+const INLINE_UNITS: u64 = 1024;
+
 /// Backend information of a CPU server.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CpuInfo {
@@ -35,6 +38,15 @@ pub struct CpuInfo {
     pub device: CpuDevice,
     /// Worker threads the executor spreads cubes over.
     pub threads: usize,
+    /// Whether kernels compile to machine code (`COMPUTE_CPU_JIT`, on by default).
+    pub jit: bool,
+    /// The instruction-set features in use, e.g. `x86_64 avx2 fma sse4.1`.
+    pub cpu_features: String,
+    /// Kernels this server compiled that run as machine code.
+    pub jit_kernels: usize,
+    /// Kernels this server compiled that run on the interpreter (the JIT off, or a kernel it
+    /// does not cover).
+    pub interpreted_kernels: usize,
 }
 
 struct StreamState {
@@ -227,9 +239,25 @@ impl CpuServer {
         bindings: &[&Binding],
         command: Command,
     ) -> Result<u64, ServerError> {
+        self.submit_with(stream, bindings, command, false)
+    }
+
+    /// [`submit`](Self::submit); with `inline`, the command runs at once on the calling thread
+    /// when the stream is idle (for small launches and sync markers).
+    fn submit_with(
+        &mut self,
+        stream: StreamId,
+        bindings: &[&Binding],
+        command: Command,
+        inline: bool,
+    ) -> Result<u64, ServerError> {
         let waits = self.waits(stream, bindings.iter().copied());
         let state = self.stream(stream)?;
-        let seq = state.worker.submit(waits, command);
+        let seq = if inline {
+            state.worker.submit_or_run(waits, command)
+        } else {
+            state.worker.submit(waits, command)
+        };
         for binding in bindings {
             binding
                 .handle()
@@ -268,7 +296,7 @@ impl CpuServer {
             tx.send(first.map_or(Ok(()), Err));
             Ok(())
         });
-        if let Err(e) = self.submit(stream, &[], command) {
+        if let Err(e) = self.submit_with(stream, &[], command, true) {
             return Box::pin(core::future::ready(Err(e)));
         }
         Box::pin(async move { rx.await.unwrap_or_else(|| Err(worker_gone())) })
@@ -347,9 +375,18 @@ impl ComputeServer for CpuServer {
     type Info = CpuInfo;
 
     fn info(&self) -> CpuInfo {
+        let jit_kernels = self
+            .plans
+            .values()
+            .filter(|p| p.executor() == exec::Executor::Jit)
+            .count();
         CpuInfo {
             device: self.device,
             threads: rayon::current_num_threads(),
+            jit: exec::jit::enabled(),
+            cpu_features: exec::jit::features().describe(),
+            jit_kernels,
+            interpreted_kernels: self.plans.len() - jit_kernels,
         }
     }
 
@@ -553,7 +590,16 @@ impl ComputeServer for CpuServer {
         }
         let bindings: Vec<Binding> = launch.bindings().cloned().collect();
         let refs: Vec<&Binding> = bindings.iter().collect();
-        self.submit(stream, &refs, Box::new(move || launch.run()))?;
+        // A launch of a few units runs on the calling thread when the stream is idle: waking
+        // the stream's worker would cost more than the kernel.
+        let small = match launch.count {
+            CountSource::Static(c) => {
+                c.iter().map(|&x| x as u64).product::<u64>() * definition.cube_size() as u64
+                    <= INLINE_UNITS
+            }
+            CountSource::Dynamic(_) => false,
+        };
+        self.submit_with(stream, &refs, Box::new(move || launch.run()), small)?;
         Ok(())
     }
 

@@ -53,6 +53,7 @@ fn failure_detail(stderr: &str, status: &str) -> String {
 #[derive(Debug, Clone)]
 pub struct Cargo {
     args: Vec<String>,
+    envs: Vec<(String, String)>,
 }
 
 impl Cargo {
@@ -64,12 +65,23 @@ impl Cargo {
     {
         Self {
             args: args.into_iter().map(Into::into).collect(),
+            envs: Vec::new(),
         }
+    }
+
+    /// The same command with `key=value` in the child's environment.
+    pub fn env(mut self, key: &str, value: &str) -> Self {
+        self.envs.push((key.into(), value.into()));
+        self
     }
 
     /// The command line, for messages.
     pub fn display(&self) -> String {
-        let mut line = String::from("cargo");
+        let mut line = String::new();
+        for (k, v) in &self.envs {
+            line.push_str(&format!("{k}={v} "));
+        }
+        line.push_str("cargo");
         for arg in &self.args {
             line.push(' ');
             line.push_str(arg);
@@ -121,6 +133,9 @@ impl Cargo {
             .args(&self.args)
             .current_dir(workspace_root())
             .stdin(Stdio::null());
+        for (k, v) in &self.envs {
+            command.env(k, v);
+        }
         // Our pipes hide the terminal from the child; keep cargo's colours
         // when the user is looking at one.
         if env::var_os("CARGO_TERM_COLOR").is_none() && io::stderr().is_terminal() {

@@ -247,12 +247,13 @@ op2! {
     Shr: Int => |a, b| a.shr(b);
 }
 
-/// Whether this CPU runs the AVX2 + FMA instances of the lane kernels (detected once; the
-/// standard library caches the answer).
+/// Whether this CPU runs the AVX2 + FMA instances of the lane kernels (detected once, see
+/// [`features`](super::jit::features); `COMPUTE_CPU_SIMD=baseline` turns them off).
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
 pub(crate) fn has_avx2_fma() -> bool {
-    std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+    let f = super::jit::features();
+    f.avx2 && f.fma
 }
 
 #[inline(always)]

@@ -43,7 +43,7 @@ use compute_core::error::ServerError;
 use compute_core::kernel::KernelDefinition;
 use compute_core::kernel::ScalarValue;
 
-pub use plan::{Executor, Plan, compile, compile_interpreted};
+pub use plan::{Executor, Plan, compile, compile_interpreted, compile_jit};
 
 use global::GlobalMem;
 use run::Launch;

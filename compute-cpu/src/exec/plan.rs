@@ -278,6 +278,12 @@ pub fn compile_interpreted(def: &KernelDefinition) -> Result<Plan, ServerError> 
     compile_with(def, false)
 }
 
+/// [`compile`] with the JIT, whatever `COMPUTE_CPU_JIT` says (the plan still falls back to the
+/// interpreter for kernels the JIT does not cover: see [`Plan::executor`]).
+pub fn compile_jit(def: &KernelDefinition) -> Result<Plan, ServerError> {
+    compile_with(def, true)
+}
+
 pub(crate) fn compile_with(def: &KernelDefinition, use_jit: bool) -> Result<Plan, ServerError> {
     let lanes = def.cube_size() as usize;
     if lanes == 0 || lanes > MAX_UNITS_PER_CUBE as usize {

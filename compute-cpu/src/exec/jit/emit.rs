@@ -29,14 +29,10 @@ use crate::exec::PLANE_SIZE;
 pub(super) struct Layout {
     /// Bytes of one unit's slots.
     pub unit_stride: u32,
-    /// Offset of the sink (dropped stores land there) after the units' slots.
-    pub sink: u32,
     /// Total state bytes.
     pub state_bytes: u32,
     /// Shared memory bytes.
     pub shared_bytes: u32,
-    /// Segments (barrier-separated unit loops).
-    pub segments: usize,
 }
 
 /// Size of the sink and of the zero area: the largest item (16 x 8 bytes).
@@ -187,10 +183,8 @@ impl<'a, 'b> Emitter<'a, 'b> {
         }
         let layout = Layout {
             unit_stride,
-            sink,
             state_bytes,
             shared_bytes: soff,
-            segments: an.segs.len(),
         };
 
         let entry = b.create_block();

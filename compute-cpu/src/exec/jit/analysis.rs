@@ -13,22 +13,25 @@
 use compute_core::kernel::{Builtin, KernelDefinition, Op, Stmt, ValueId, VarId};
 
 /// Statement trees over segments, run once per cube.
-pub(super) enum CubeNode {
+pub(super) enum CubeNode<'a> {
     /// Run segment `n` for every unit.
     Seg(usize),
     /// A uniform branch holding barriers.
     If {
         cond: ValueId,
-        then: Vec<CubeNode>,
-        otherwise: Vec<CubeNode>,
+        then: Vec<CubeNode<'a>>,
+        otherwise: Vec<CubeNode<'a>>,
     },
+    /// A plane operation at the top level of the kernel's cube code: every unit has computed
+    /// its operands (in slots) before it runs over the cube, and its result goes to a slot.
+    Plane { out: ValueId, op: &'a Op },
     /// A uniform range loop holding barriers.
     Range {
         var: ValueId,
         start: ValueId,
         end: ValueId,
         step: ValueId,
-        body: Vec<CubeNode>,
+        body: Vec<CubeNode<'a>>,
     },
 }
 
@@ -44,7 +47,7 @@ pub(super) struct Segment<'a> {
 }
 
 pub(super) struct Analysis<'a> {
-    pub tree: Vec<CubeNode>,
+    pub tree: Vec<CubeNode<'a>>,
     pub segs: Vec<Segment<'a>>,
     pub uniform: Vec<bool>,
     /// Values read by a later segment: stored to a per-unit slot when defined.
@@ -71,6 +74,13 @@ fn has_barrier(s: &Stmt) -> bool {
         Stmt::Range { body, .. } | Stmt::Loop { body } => body.stmts.iter().any(has_barrier),
         _ => false,
     }
+}
+
+fn is_plane(op: &Op) -> bool {
+    matches!(
+        op,
+        Op::Plane(..) | Op::PlaneBroadcast(..) | Op::PlaneShuffle(..) | Op::Ballot(_)
+    )
 }
 
 fn cube_builtin(b: Builtin) -> bool {
@@ -148,6 +158,7 @@ impl<'a> Analysis<'a> {
         };
         a.tree = a.cube_block(&def.body().stmts)?;
         a.needs_return_flag = a.has_return && a.segs.len() > 1;
+
         Ok(a)
     }
 
@@ -175,10 +186,27 @@ impl<'a> Analysis<'a> {
         }
     }
 
-    fn cube_block(&mut self, stmts: &'a [Stmt]) -> Result<Vec<CubeNode>, String> {
+    fn cube_block(&mut self, stmts: &'a [Stmt]) -> Result<Vec<CubeNode<'a>>, String> {
         let mut nodes = Vec::new();
         let mut cur: Option<usize> = None;
         for s in stmts {
+            if let Stmt::Let { out, op } = s
+                && is_plane(op)
+            {
+                cur = None;
+                let id = self.new_seg();
+                for v in operands(op) {
+                    let i = self.check(v)?;
+                    self.use_(v, id)?;
+                    // Uniform operands are written to every unit's slot by the step itself.
+                    self.spilled[i] = true;
+                }
+                let i = self.check(*out)?;
+                self.seg_of[i] = id;
+                self.spilled[i] = true;
+                nodes.push(CubeNode::Plane { out: *out, op });
+                continue;
+            }
             if !has_barrier(s) {
                 let seg = match cur {
                     Some(c) => c,
@@ -271,11 +299,8 @@ impl<'a> Analysis<'a> {
     fn unit_stmt(&mut self, s: &'a Stmt, seg: usize, loops: u32) -> Result<(), String> {
         match s {
             Stmt::Let { out, op } => {
-                if matches!(
-                    op,
-                    Op::Plane(..) | Op::PlaneBroadcast(..) | Op::PlaneShuffle(..) | Op::Ballot(_)
-                ) {
-                    return Err("plane operations".into());
+                if is_plane(op) {
+                    return Err("plane operations under control flow".into());
                 }
                 let ops = operands(op);
                 for &v in &ops {

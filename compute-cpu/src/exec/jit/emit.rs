@@ -21,8 +21,10 @@ use cranelift_module::{Linkage, Module};
 use hashbrown::HashMap;
 
 use super::analysis::{Analysis, CubeNode};
+use super::helpers::PlaneStep;
 use super::{CTX_BUFS, CTX_COUNT, CTX_SCALARS, CTX_UNCHECKED, CTX_ZEROS, Features};
 use crate::exec::PLANE_SIZE;
+use crate::exec::plane;
 
 /// Byte layout of a worker's state and shared memory, as the generated code addresses them.
 #[derive(Debug, Clone, Default)]
@@ -123,8 +125,11 @@ pub(super) struct Emitter<'a, 'b> {
     /// Non-zero (i8) in unchecked launches.
     unchecked: Value,
     unit: Option<Unit>,
+    /// In the unchecked copy of a unit loop: `absolute_pos` accesses skip bounds checks.
+    fast: bool,
     loops: Vec<(Block, Block)>,
     funcs: HashMap<&'static str, FuncRef>,
+    planes: Vec<Box<PlaneStep>>,
 }
 
 fn align16(x: u32) -> u32 {
@@ -247,13 +252,15 @@ impl<'a, 'b> Emitter<'a, 'b> {
             sink: sink_v,
             unchecked,
             unit: None,
+            fast: false,
             loops: Vec::new(),
             funcs: HashMap::new(),
+            planes: Vec::new(),
         })
     }
 
     /// Emit the whole cube function; returns the layout.
-    pub(super) fn run(mut self) -> R<Layout> {
+    pub(super) fn run(mut self) -> R<(Layout, Vec<Box<PlaneStep>>)> {
         if let Some(r) = self.ret_off {
             // Every unit starts the cube not returned.
             let units = self.def.cube_size();
@@ -287,7 +294,7 @@ impl<'a, 'b> Emitter<'a, 'b> {
         self.b.seal_all_blocks();
         let layout = self.layout.clone();
         self.b.finalize(self.module.target_config());
-        Ok(layout)
+        Ok((layout, self.planes))
     }
 
     // ----- values -----
@@ -924,6 +931,17 @@ impl<'a, 'b> Emitter<'a, 'b> {
     /// `fallback`.
     fn address(&mut self, m: MemRef, index: ValueId, fallback: Value) -> R<(Value, Value, Item)> {
         let i = self.index64(index)?;
+        if self.fast
+            && let MemRef::Global(b) = m
+            && self.an.unit_builtin[index.0 as usize] == Some(Builtin::AbsolutePos)
+        {
+            let d = self.def.buffers().get(b as usize).ok_or("unknown buffer")?;
+            let item = d.item();
+            let off = self.b.ins().imul_imm_s(i, item.size() as i64);
+            let addr = self.b.ins().iadd(self.bufs[b as usize].0, off);
+            let yes = self.iconst(types::I8, 1);
+            return Ok((addr, yes, item));
+        }
         let (base, len, item) = match m {
             MemRef::Global(b) => {
                 let d = self.def.buffers().get(b as usize).ok_or("unknown buffer")?;
@@ -991,7 +1009,11 @@ impl<'a, 'b> Emitter<'a, 'b> {
         value: ValueId,
         compare: Option<ValueId>,
     ) -> R<Vec<Value>> {
-        let (addr, inb, item) = self.address(m, index, self.sink)?;
+        // Atomics always check: the unchecked loop copy only vouches for loads and stores.
+        let fast = core::mem::replace(&mut self.fast, false);
+        let found = self.address(m, index, self.sink);
+        self.fast = fast;
+        let (addr, inb, item) = found?;
         if item.width != 1 {
             return Err("vector atomics".into());
         }
@@ -1407,6 +1429,7 @@ impl<'a, 'b> Emitter<'a, 'b> {
         for n in nodes {
             match n {
                 CubeNode::Seg(s) => self.segment(*s)?,
+                CubeNode::Plane { out, op } => self.plane_step(*out, op)?,
                 CubeNode::If {
                     cond,
                     then,
@@ -1444,6 +1467,50 @@ impl<'a, 'b> Emitter<'a, 'b> {
         Ok(())
     }
 
+    /// Buffers this segment accesses at `absolute_pos` (loads and stores, at any depth).
+    fn linear_buffers(&self, stmts: &[&'a Stmt]) -> Vec<u32> {
+        fn walk(e: &Emitter<'_, '_>, s: &Stmt, out: &mut Vec<u32>) {
+            let lin = |v: &ValueId| e.an.unit_builtin[v.0 as usize] == Some(Builtin::AbsolutePos);
+            match s {
+                Stmt::Let {
+                    op:
+                        Op::Load {
+                            mem: MemRef::Global(b),
+                            index,
+                        },
+                    ..
+                }
+                | Stmt::Store {
+                    mem: MemRef::Global(b),
+                    index,
+                    ..
+                } if lin(index) => {
+                    if !out.contains(b) {
+                        out.push(*b);
+                    }
+                }
+                Stmt::If {
+                    then, otherwise, ..
+                } => {
+                    for s in then.stmts.iter().chain(&otherwise.stmts) {
+                        walk(e, s, out);
+                    }
+                }
+                Stmt::Range { body, .. } | Stmt::Loop { body } => {
+                    for s in &body.stmts {
+                        walk(e, s, out);
+                    }
+                }
+                _ => {}
+            }
+        }
+        let mut out = Vec::new();
+        for s in stmts {
+            walk(self, s, &mut out);
+        }
+        out
+    }
+
     fn segment(&mut self, s: usize) -> R<()> {
         let seg = &self.an.segs[s];
         for &(out, op) in &seg.hoisted {
@@ -1458,6 +1525,46 @@ impl<'a, 'b> Emitter<'a, 'b> {
         if !work {
             return Ok(());
         }
+        let linear = self.linear_buffers(&seg.stmts);
+        if linear.is_empty() {
+            return self.unit_loop(s);
+        }
+        // When the whole cube's `absolute_pos` run is inside every buffer it indexes (the
+        // common case: all cubes but the last), a copy of the loop accesses them unchecked.
+        let units = self.def.cube_size() as i64;
+        let lin = self.b.ins().uextend(types::I64, self.linear);
+        let next = self.b.ins().iadd_imm_s(lin, 1);
+        let end = self.b.ins().imul_imm_s(next, units);
+        let mut fast = self
+            .b
+            .ins()
+            .icmp_imm_s(IntCC::UnsignedLessThanOrEqual, end, 1i64 << 32);
+        for b in linear {
+            let len = self.bufs[b as usize].1;
+            let ok = self.b.ins().icmp(IntCC::UnsignedLessThanOrEqual, end, len);
+            fast = self.b.ins().band(fast, ok);
+        }
+        let (bf, bs, after) = (
+            self.b.create_block(),
+            self.b.create_block(),
+            self.b.create_block(),
+        );
+        self.b.ins().brif(fast, bf, &[], bs, &[]);
+        self.b.switch_to_block(bf);
+        self.fast = true;
+        let r = self.unit_loop(s);
+        self.fast = false;
+        r?;
+        self.b.ins().jump(after, &[]);
+        self.b.switch_to_block(bs);
+        self.unit_loop(s)?;
+        self.b.ins().jump(after, &[]);
+        self.b.switch_to_block(after);
+        Ok(())
+    }
+
+    fn unit_loop(&mut self, s: usize) -> R<()> {
+        let seg = &self.an.segs[s];
         let units = self.def.cube_size();
         let uvar = self.b.declare_var(types::I32);
         let zero = self.iconst(types::I32, 0);
@@ -1505,6 +1612,86 @@ impl<'a, 'b> Emitter<'a, 'b> {
         self.b.ins().brif(more, head, &[], exit, &[]);
         self.b.switch_to_block(exit);
         self.unit = None;
+        Ok(())
+    }
+
+    /// Store a (uniform) value to slot `off` of every unit.
+    fn store_all_units(&mut self, item: Item, chunks: &[Value], off: u32) -> R<()> {
+        let units = self.def.cube_size();
+        let uvar = self.b.declare_var(types::I32);
+        let zero = self.iconst(types::I32, 0);
+        self.b.def_var(uvar, zero);
+        let (head, exit) = (self.b.create_block(), self.b.create_block());
+        self.b.ins().jump(head, &[]);
+        self.b.switch_to_block(head);
+        let u = self.b.use_var(uvar);
+        let u64_ = self.b.ins().uextend(types::I64, u);
+        let o = self
+            .b
+            .ins()
+            .imul_imm_s(u64_, self.layout.unit_stride as i64);
+        let base = self.b.ins().iadd(self.state, o);
+        self.store_item(item, chunks, base, off as i32);
+        let u1 = self.b.ins().iadd_imm_s(u, 1);
+        self.b.def_var(uvar, u1);
+        let more = self
+            .b
+            .ins()
+            .icmp_imm_s(IntCC::UnsignedLessThan, u1, units as i64);
+        self.b.ins().brif(more, head, &[], exit, &[]);
+        self.b.switch_to_block(exit);
+        Ok(())
+    }
+
+    fn plane_step(&mut self, out: ValueId, op: &Op) -> R<()> {
+        let slot = |e: &Self, v: ValueId| {
+            e.spill_off[v.0 as usize].ok_or_else(|| format!("plane operand %{} has no slot", v.0))
+        };
+        let out_item = self.item(out);
+        let (f, x, lane): (plane::PlaneFn, ValueId, Option<ValueId>) = match op {
+            Op::Plane(p, x) => (
+                plane::reduce_fn(*p, out_item.elem)
+                    .ok_or_else(|| format!("`{}` on {out_item}", p.name()))?,
+                *x,
+                None,
+            ),
+            Op::PlaneBroadcast(x, l) | Op::PlaneShuffle(x, l) => {
+                let f: plane::PlaneFn = match out_item.elem.size() {
+                    1 => plane::shuffle::<u8>,
+                    2 => plane::shuffle::<u16>,
+                    4 => plane::shuffle::<u32>,
+                    _ => plane::shuffle::<u64>,
+                };
+                (f, *x, Some(*l))
+            }
+            Op::Ballot(x) => (plane::ballot as plane::PlaneFn, *x, None),
+            _ => return Err("not a plane operation".into()),
+        };
+        for v in [Some(x), lane].into_iter().flatten() {
+            if self.an.uniform[v.0 as usize] {
+                let off = slot(self, v)?;
+                let item = self.item(v);
+                let chunks = self.val(v)?;
+                self.store_all_units(item, &chunks, off)?;
+            }
+        }
+        let x_item = self.item(x);
+        let step = Box::new(PlaneStep {
+            f,
+            x_off: slot(self, x)?,
+            x_bytes: x_item.size() as u32,
+            lane_off: lane.map(|l| slot(self, l)).transpose()?,
+            out_off: slot(self, out)?,
+            out_bytes: out_item.size() as u32,
+            width: x_item.width as usize,
+            ret_off: self.ret_off,
+            units: self.def.cube_size() as usize,
+            stride: self.layout.unit_stride,
+        });
+        let ptr = self.iconst(types::I64, &*step as *const PlaneStep as i64);
+        self.planes.push(step);
+        let fref = self.helper("plane_step", &[types::I64, types::I64], None)?;
+        self.b.ins().call(fref, &[ptr, self.state]);
         Ok(())
     }
 

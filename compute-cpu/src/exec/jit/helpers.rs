@@ -7,6 +7,7 @@ use core::sync::atomic::{AtomicU32, Ordering};
 use half::{bf16, f16};
 
 use super::super::lanes::erf;
+use super::super::plane::PlaneFn;
 use super::Ctx;
 
 macro_rules! math {
@@ -139,4 +140,63 @@ pub(super) unsafe extern "C" fn rank(ctx: *const Ctx, buf: u32) -> u32 {
     let ctx = unsafe { &*ctx };
     // SAFETY: `metas` holds one entry per buffer for the launch.
     unsafe { &*ctx.metas.add(buf as usize) }.shape_len as u32
+}
+
+/// A plane operation over one cube's per-unit slots (see `analysis::CubeNode::Plane`).
+#[derive(Debug)]
+pub(super) struct PlaneStep {
+    /// The interpreter's kernel of the operation (its register layout is unit-major).
+    pub f: PlaneFn,
+    pub x_off: u32,
+    pub x_bytes: u32,
+    /// Slot of the `u32` lane operand of broadcasts and shuffles.
+    pub lane_off: Option<u32>,
+    pub out_off: u32,
+    pub out_bytes: u32,
+    pub width: usize,
+    /// Slot of the returned flag: returned units are inactive.
+    pub ret_off: Option<u32>,
+    pub units: usize,
+    pub stride: u32,
+}
+
+/// Gather the operands of every unit, run the plane kernel, scatter the results.
+///
+/// # Safety
+/// `step` is a live `PlaneStep` and `state` the worker's state of the step's layout (`units`
+/// slots of `stride` bytes holding the offsets it names).
+pub(super) unsafe extern "C" fn plane_step(step: *const PlaneStep, state: *mut u8) {
+    // SAFETY: the caller's contract.
+    let st = unsafe { &*step };
+    let n = st.units;
+    let slot = |u: usize, off: u32| u * st.stride as usize + off as usize;
+    let gather = |off: u32, bytes: u32| {
+        let mut v = vec![0u64; (n * bytes as usize).div_ceil(8).max(1)];
+        let dst: &mut [u8] = bytemuck::cast_slice_mut(&mut v);
+        for u in 0..n {
+            let b = bytes as usize;
+            // SAFETY: the slot lies inside the state (the caller's contract).
+            let src = unsafe { core::slice::from_raw_parts(state.add(slot(u, off)), b) };
+            dst[u * b..(u + 1) * b].copy_from_slice(src);
+        }
+        v
+    };
+    let x = gather(st.x_off, st.x_bytes);
+    let lane = st.lane_off.map_or_else(|| vec![0u64], |o| gather(o, 4));
+    let mask: Vec<u8> = (0..n)
+        .map(|u| match st.ret_off {
+            // SAFETY: as above.
+            Some(r) => (unsafe { *state.add(slot(u, r)) } == 0) as u8,
+            None => 1,
+        })
+        .collect();
+    let mut out = vec![0u64; (n * st.out_bytes as usize).div_ceil(8).max(1)];
+    (st.f)(&x, &lane, &mut out, &mask, st.width);
+    let src: &[u8] = bytemuck::cast_slice(&out);
+    for u in 0..n {
+        let b = st.out_bytes as usize;
+        // SAFETY: as above, for writes: the state is this worker's own.
+        let dst = unsafe { core::slice::from_raw_parts_mut(state.add(slot(u, st.out_off)), b) };
+        dst.copy_from_slice(&src[u * b..(u + 1) * b]);
+    }
 }

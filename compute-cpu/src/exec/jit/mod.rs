@@ -196,6 +196,8 @@ pub(crate) struct JitKernel {
     module: Option<JITModule>,
     func: CubeFn,
     layout: emit::Layout,
+    /// Descriptors the code of plane operations points at.
+    _planes: Vec<Box<helpers::PlaneStep>>,
     /// Microseconds the compilation took.
     pub(crate) compile_us: f64,
 }
@@ -285,6 +287,7 @@ fn helper_symbols(b: &mut JITBuilder) {
     b.symbol("atomic_add_f32", atomic_add_f32 as *const u8);
     b.symbol("meta", meta as *const u8);
     b.symbol("rank", rank as *const u8);
+    b.symbol("plane_step", plane_step as *const u8);
 }
 
 /// Compile a kernel; `Err` says what the JIT does not cover (the interpreter runs it then).
@@ -309,7 +312,7 @@ pub(crate) fn compile(def: &KernelDefinition) -> Result<JitKernel, String> {
         .map_err(|e| e.to_string())?;
     ctx.func.name = UserFuncName::user(0, id.as_u32());
     let mut fctx = FunctionBuilderContext::new();
-    let layout = {
+    let (layout, planes) = {
         let b = FunctionBuilder::new(&mut ctx.func, &mut fctx);
         let e = emit::Emitter::new(def, &an, b, &mut module, features())?;
         e.run()?
@@ -327,6 +330,7 @@ pub(crate) fn compile(def: &KernelDefinition) -> Result<JitKernel, String> {
         module: Some(module),
         func,
         layout,
+        _planes: planes,
         compile_us: start.elapsed().as_secs_f64() * 1e6,
     })
 }

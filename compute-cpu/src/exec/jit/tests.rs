@@ -394,11 +394,14 @@ fn control_flow_barriers_and_shared_memory_match_the_interpreter() {
 
 #[test]
 fn kernels_the_jit_leaves_to_the_interpreter() {
-    let mut k = KernelBuilder::new("plane", [32, 1, 1]);
+    let mut k = KernelBuilder::new("plane_in_if", [32, 1, 1]);
     let o = k.output("o", ElemType::U32, 1);
     let u = k.unit_pos();
-    let s = k.plane_sum(u);
-    k.store(o, u, s);
+    let c = k.lt(u, 7u32);
+    k.if_(c, |k| {
+        let s = k.plane_sum(u);
+        k.store(o, u, s);
+    });
     let plan = compile_with(&k.build().unwrap(), true).unwrap();
     assert_eq!(plan.executor(), Executor::Interpreter);
     assert!(plan.jit_fallback().unwrap().contains("plane"));
@@ -413,4 +416,74 @@ fn kernels_the_jit_leaves_to_the_interpreter() {
     let plan = compile_with(&k.build().unwrap(), true).unwrap();
     assert_eq!(plan.executor(), Executor::Interpreter);
     assert!(plan.jit_fallback().unwrap().contains("not uniform"));
+}
+
+#[test]
+fn partial_last_cube_is_bounds_checked() {
+    // Unguarded `absolute_pos` accesses: full cubes take the unchecked loop, the last cube the
+    // checked one (its out-of-range loads read 0, its stores are dropped).
+    for width in [1u8, 4] {
+        let mut k = KernelBuilder::new("partial", [64, 1, 1]);
+        let a = k.input("a", ElemType::F32, width);
+        let b = k.input("b", ElemType::F32, width);
+        let o = k.output("o", ElemType::F32, width);
+        let i = k.absolute_pos();
+        let x = k.load(a, i);
+        let y = k.load(b, i);
+        let s = k.add(x, y);
+        k.store(o, i, s);
+        let def = k.build().unwrap();
+        let n = 1000 * width as usize;
+        let ins = [
+            input(ElemType::F32, n, 10),
+            input(ElemType::F32, n - 3 * width as usize, 11),
+        ];
+        check(&def, 16, &ins, ElemType::F32, (n - 7 * width as usize) * 4);
+    }
+}
+
+#[test]
+fn plane_ops_match_the_interpreter() {
+    // Plane operations at the top level, some units returned before them.
+    let mut k = KernelBuilder::new("planes", [96, 1, 1]);
+    let a = k.input("a", ElemType::F32, 1);
+    let o = k.output("o", ElemType::F32, 4);
+    let m = k.output("m", ElemType::U32, 4);
+    let i = k.absolute_pos();
+    let u = k.unit_pos();
+    let x = k.load(a, i);
+    let skip = k.rem(u, 7u32);
+    let skip = k.eq(skip, 3u32);
+    k.if_(skip, |k| k.return_());
+    let s = k.plane_sum(x);
+    let mx = k.plane_max(x);
+    let three = k.lit_u32(3);
+    let b = k.plane_broadcast(x, three);
+    let lane = k.bit_xor(u, 5u32);
+    let sh = k.plane_shuffle(x, lane);
+    let v = k.vector(&[s, mx, b, sh]);
+    k.store(o, i, v);
+    let pos = k.gt(x, 0.0f32);
+    let bal = k.ballot(pos);
+    k.store(m, i, bal);
+    let def = k.build().unwrap();
+    let n = 96 * 3;
+    let jit = compile_with(&def, true).unwrap();
+    assert_eq!(jit.executor(), Executor::Jit, "{:?}", jit.jit_fallback());
+    let interp = compile_interpreted(&def).unwrap();
+    let mut outs = Vec::new();
+    for plan in [&jit, &interp] {
+        let mut ins = input(ElemType::F32, n, 12);
+        let mut out = vec![0u8; n * 16];
+        let mut mask = vec![0u8; n * 16];
+        let mut args = [
+            HostArg::new(&mut ins),
+            HostArg::new(&mut out),
+            HostArg::new(&mut mask),
+        ];
+        plan.execute_host([3, 1, 1], &mut args, &[]).unwrap();
+        outs.push((out, mask));
+    }
+    assert!(same(ElemType::F32, &outs[0].0, &outs[1].0));
+    assert_eq!(outs[0].1, outs[1].1);
 }

@@ -21,7 +21,7 @@ use cranelift_module::{Linkage, Module};
 use hashbrown::HashMap;
 
 use super::analysis::{Analysis, CubeNode};
-use super::helpers::PlaneStep;
+use super::helpers::{PlaneStep, PlaneSteps};
 use super::{CTX_BUFS, CTX_COUNT, CTX_SCALARS, CTX_UNCHECKED, CTX_ZEROS, Features};
 use crate::exec::PLANE_SIZE;
 use crate::exec::plane;
@@ -129,7 +129,7 @@ pub(super) struct Emitter<'a, 'b> {
     fast: bool,
     loops: Vec<(Block, Block)>,
     funcs: HashMap<&'static str, FuncRef>,
-    planes: Vec<Box<PlaneStep>>,
+    planes: PlaneSteps,
 }
 
 fn align16(x: u32) -> u32 {
@@ -260,7 +260,7 @@ impl<'a, 'b> Emitter<'a, 'b> {
     }
 
     /// Emit the whole cube function; returns the layout.
-    pub(super) fn run(mut self) -> R<(Layout, Vec<Box<PlaneStep>>)> {
+    pub(super) fn run(mut self) -> R<(Layout, PlaneSteps)> {
         if let Some(r) = self.ret_off {
             // Every unit starts the cube not returned.
             let units = self.def.cube_size();
@@ -1484,11 +1484,7 @@ impl<'a, 'b> Emitter<'a, 'b> {
                     mem: MemRef::Global(b),
                     index,
                     ..
-                } if lin(index) => {
-                    if !out.contains(b) {
-                        out.push(*b);
-                    }
-                }
+                } if lin(index) && !out.contains(b) => out.push(*b),
                 Stmt::If {
                     then, otherwise, ..
                 } => {

@@ -142,6 +142,11 @@ pub(super) unsafe extern "C" fn rank(ctx: *const Ctx, buf: u32) -> u32 {
     unsafe { &*ctx.metas.add(buf as usize) }.shape_len as u32
 }
 
+/// Plane step descriptors, boxed: the generated code embeds their addresses, so they must not
+/// move while the list grows.
+#[allow(clippy::vec_box)]
+pub(super) type PlaneSteps = Vec<Box<PlaneStep>>;
+
 /// A plane operation over one cube's per-unit slots (see `analysis::CubeNode::Plane`).
 #[derive(Debug)]
 pub(super) struct PlaneStep {

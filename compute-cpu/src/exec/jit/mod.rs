@@ -197,7 +197,7 @@ pub(crate) struct JitKernel {
     func: CubeFn,
     layout: emit::Layout,
     /// Descriptors the code of plane operations points at.
-    _planes: Vec<Box<helpers::PlaneStep>>,
+    _planes: helpers::PlaneSteps,
     /// Microseconds the compilation took.
     pub(crate) compile_us: f64,
 }

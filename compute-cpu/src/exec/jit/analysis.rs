@@ -16,11 +16,21 @@ use compute_core::kernel::{Builtin, KernelDefinition, Op, Stmt, ValueId, VarId};
 pub(super) enum CubeNode<'a> {
     /// Run segment `n` for every unit.
     Seg(usize),
-    /// A uniform branch holding barriers.
+    /// A branch holding barriers or plane operations. With `masks` (a per-unit condition),
+    /// each side runs with a per-unit active mask: `(then, otherwise)` mask slots.
     If {
         cond: ValueId,
         then: Vec<CubeNode<'a>>,
         otherwise: Vec<CubeNode<'a>>,
+        masks: Option<(u32, u32)>,
+    },
+    /// A `loop` holding barriers or plane operations: it runs while any unit is active;
+    /// `break` and `continue` in unit code clear the unit's `active` mask slot (`continue`
+    /// also sets its `resume` slot, which reactivates it for the next iteration).
+    Loop {
+        body: Vec<CubeNode<'a>>,
+        active: u32,
+        resume: u32,
     },
     /// A plane operation at the top level of the kernel's cube code: every unit has computed
     /// its operands (in slots) before it runs over the cube, and its result goes to a slot.
@@ -58,6 +68,10 @@ pub(super) struct Analysis<'a> {
     pub var_in_memory: Vec<bool>,
     /// Whether units may return while later segments remain (a per-unit flag then skips them).
     pub needs_return_flag: bool,
+    /// Per-unit mask bytes of masked cube-level control.
+    pub mask_slots: u32,
+    /// Kinds of the enclosing cube-level loops (`true` for `loop`, `false` for range loops).
+    cube_loops: Vec<bool>,
     seg_of: Vec<usize>,
     var_seg: Vec<Option<usize>>,
     has_return: bool,
@@ -65,9 +79,11 @@ pub(super) struct Analysis<'a> {
 
 const NONE: usize = usize::MAX;
 
+/// Whether a statement must run at cube level: it is or holds a barrier or a plane operation.
 fn has_barrier(s: &Stmt) -> bool {
     match s {
         Stmt::Barrier => true,
+        Stmt::Let { op, .. } => is_plane(op),
         Stmt::If {
             then, otherwise, ..
         } => then.stmts.iter().any(has_barrier) || otherwise.stmts.iter().any(has_barrier),
@@ -152,6 +168,8 @@ impl<'a> Analysis<'a> {
             unit_builtin: vec![None; n],
             var_in_memory: vec![false; def.vars().len()],
             needs_return_flag: false,
+            mask_slots: 0,
+            cube_loops: Vec::new(),
             seg_of: vec![NONE; n],
             var_seg: vec![None; def.vars().len()],
             has_return: false,
@@ -181,7 +199,7 @@ impl<'a> Analysis<'a> {
             Ok(())
         } else {
             Err(format!(
-                "a barrier under {what} that is not uniform over the cube"
+                "a barrier or plane operation under {what} that is not uniform over the cube"
             ))
         }
     }
@@ -229,13 +247,24 @@ impl<'a> Analysis<'a> {
                     then,
                     otherwise,
                 } => {
-                    self.require_uniform(*cond, "an `if`")?;
+                    let i = self.check(*cond)?;
+                    let masks = if self.uniform[i] {
+                        None
+                    } else {
+                        // Each unit's condition is read from its slot at cube level.
+                        let id = self.new_seg();
+                        self.use_(*cond, id)?;
+                        self.spilled[i] = true;
+                        self.mask_slots += 2;
+                        Some((self.mask_slots - 2, self.mask_slots - 1))
+                    };
                     let then = self.cube_block(&then.stmts)?;
                     let otherwise = self.cube_block(&otherwise.stmts)?;
                     nodes.push(CubeNode::If {
                         cond: *cond,
                         then,
                         otherwise,
+                        masks,
                     });
                 }
                 Stmt::Range {
@@ -250,7 +279,10 @@ impl<'a> Analysis<'a> {
                     }
                     let i = self.check(*var)?;
                     self.uniform[i] = true;
-                    let body = self.cube_block(&body.stmts)?;
+                    self.cube_loops.push(false);
+                    let body = self.cube_block(&body.stmts);
+                    self.cube_loops.pop();
+                    let body = body?;
                     nodes.push(CubeNode::Range {
                         var: *var,
                         start: *start,
@@ -259,7 +291,18 @@ impl<'a> Analysis<'a> {
                         body,
                     });
                 }
-                Stmt::Loop { .. } => return Err("a barrier inside `loop`".into()),
+                Stmt::Loop { body } => {
+                    self.mask_slots += 2;
+                    let (active, resume) = (self.mask_slots - 2, self.mask_slots - 1);
+                    self.cube_loops.push(true);
+                    let body = self.cube_block(&body.stmts);
+                    self.cube_loops.pop();
+                    nodes.push(CubeNode::Loop {
+                        body: body?,
+                        active,
+                        resume,
+                    });
+                }
                 _ => unreachable!("only blocks hold barriers"),
             }
         }
@@ -373,8 +416,10 @@ impl<'a> Analysis<'a> {
                     self.unit_stmt(s, seg, loops + 1)?;
                 }
             }
-            Stmt::Break | Stmt::Continue if loops == 0 => {
-                return Err("`break` or `continue` out of a loop that holds a barrier".into());
+            Stmt::Break | Stmt::Continue if loops == 0 && self.cube_loops.last() != Some(&true) => {
+                return Err(
+                    "`break` or `continue` out of a range loop that holds a barrier".into(),
+                );
             }
             Stmt::Break | Stmt::Continue => {}
             Stmt::Return => self.has_return = true,

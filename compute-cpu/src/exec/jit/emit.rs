@@ -127,6 +127,12 @@ pub(super) struct Emitter<'a, 'b> {
     unit: Option<Unit>,
     /// In the unchecked copy of a unit loop: `absolute_pos` accesses skip bounds checks.
     fast: bool,
+    /// Offset of the per-unit mask bytes.
+    mask_base: u32,
+    /// Slot offsets of the masks in force: a unit runs only where all are set.
+    masks: Vec<u32>,
+    /// `(active, resume)` slot offsets of the enclosing cube-level `loop`s.
+    cube_loops: Vec<(u32, u32)>,
     loops: Vec<(Block, Block)>,
     funcs: HashMap<&'static str, FuncRef>,
     planes: PlaneSteps,
@@ -167,6 +173,8 @@ impl<'a, 'b> Emitter<'a, 'b> {
             local_off.push(off);
             off = align16(off + (l.item.size() as u32).saturating_mul(l.len));
         }
+        let mask_base = off;
+        off = align16(off + an.mask_slots);
         let ret_off = an.needs_return_flag.then(|| {
             let r = off;
             off = align16(off + 1);
@@ -253,6 +261,9 @@ impl<'a, 'b> Emitter<'a, 'b> {
             unchecked,
             unit: None,
             fast: false,
+            mask_base,
+            masks: Vec::new(),
+            cube_loops: Vec::new(),
             loops: Vec::new(),
             funcs: HashMap::new(),
             planes: Vec::new(),
@@ -1434,6 +1445,37 @@ impl<'a, 'b> Emitter<'a, 'b> {
                     cond,
                     then,
                     otherwise,
+                    masks: Some((mt, me)),
+                } => {
+                    let (mt, me) = (self.mask_base + mt, self.mask_base + me);
+                    let coff = self.spill_off[cond.0 as usize].ok_or("condition without a slot")?;
+                    self.each_unit(|e, base| {
+                        let c = e.b.ins().load(types::I8, mem(), base, coff as i32);
+                        let t = e.b.ins().icmp_imm_s(IntCC::NotEqual, c, 0);
+                        let f = e.b.ins().bxor_imm_s(t, 1);
+                        e.b.ins().store(mem(), t, base, mt as i32);
+                        e.b.ins().store(mem(), f, base, me as i32);
+                        Ok(())
+                    })?;
+                    self.masks.push(mt);
+                    let r = self.cube_nodes(then);
+                    self.masks.pop();
+                    r?;
+                    self.masks.push(me);
+                    let r = self.cube_nodes(otherwise);
+                    self.masks.pop();
+                    r?;
+                }
+                CubeNode::Loop {
+                    body,
+                    active,
+                    resume,
+                } => self.cube_loop(body, self.mask_base + active, self.mask_base + resume)?,
+                CubeNode::If {
+                    cond,
+                    then,
+                    otherwise,
+                    masks: None,
                 } => {
                     let c = self.val(*cond)?[0];
                     let (t, e, m) = (
@@ -1583,6 +1625,12 @@ impl<'a, 'b> Emitter<'a, 'b> {
             self.b.ins().brif(flag, next, &[], body, &[]);
             self.b.switch_to_block(body);
         }
+        for m in self.masks.clone() {
+            let flag = self.b.ins().load(types::I8, mem(), base, m as i32);
+            let body = self.b.create_block();
+            self.b.ins().brif(flag, body, &[], next, &[]);
+            self.b.switch_to_block(body);
+        }
         self.unit = Some(Unit { u, base, next });
         for &v in &seg.live_in {
             let item = self.item(v);
@@ -1608,6 +1656,102 @@ impl<'a, 'b> Emitter<'a, 'b> {
         self.b.ins().brif(more, head, &[], exit, &[]);
         self.b.switch_to_block(exit);
         self.unit = None;
+        Ok(())
+    }
+
+    /// Emit `f(unit base)` for every unit of the cube (masks ignored).
+    fn each_unit(&mut self, mut f: impl FnMut(&mut Self, Value) -> R<()>) -> R<()> {
+        let units = self.def.cube_size();
+        let uvar = self.b.declare_var(types::I32);
+        let zero = self.iconst(types::I32, 0);
+        self.b.def_var(uvar, zero);
+        let (head, exit) = (self.b.create_block(), self.b.create_block());
+        self.b.ins().jump(head, &[]);
+        self.b.switch_to_block(head);
+        let u = self.b.use_var(uvar);
+        let u64_ = self.b.ins().uextend(types::I64, u);
+        let o = self
+            .b
+            .ins()
+            .imul_imm_s(u64_, self.layout.unit_stride as i64);
+        let base = self.b.ins().iadd(self.state, o);
+        f(self, base)?;
+        let u1 = self.b.ins().iadd_imm_s(u, 1);
+        self.b.def_var(uvar, u1);
+        let more = self
+            .b
+            .ins()
+            .icmp_imm_s(IntCC::UnsignedLessThan, u1, units as i64);
+        self.b.ins().brif(more, head, &[], exit, &[]);
+        self.b.switch_to_block(exit);
+        Ok(())
+    }
+
+    /// Whether the unit at `base` runs: not returned, every mask in force set (i8).
+    fn unit_active(&mut self, base: Value) -> Value {
+        let mut on = self.iconst(types::I8, 1);
+        if let Some(r) = self.ret_off {
+            let f = self.b.ins().load(types::I8, mem(), base, r as i32);
+            let nf = self.b.ins().icmp_imm_s(IntCC::Equal, f, 0);
+            on = self.b.ins().band(on, nf);
+        }
+        for m in self.masks.clone() {
+            let f = self.b.ins().load(types::I8, mem(), base, m as i32);
+            let nz = self.b.ins().icmp_imm_s(IntCC::NotEqual, f, 0);
+            on = self.b.ins().band(on, nz);
+        }
+        on
+    }
+
+    /// A cube-level `loop`: runs its body while any unit is active in it.
+    fn cube_loop(&mut self, body: &'a [CubeNode<'a>], active: u32, resume: u32) -> R<()> {
+        self.each_unit(|e, base| {
+            let on = e.unit_active(base);
+            let zero = e.iconst(types::I8, 0);
+            e.b.ins().store(mem(), on, base, active as i32);
+            e.b.ins().store(mem(), zero, base, resume as i32);
+            Ok(())
+        })?;
+        let head = self.b.create_block();
+        let run = self.b.create_block();
+        let exit = self.b.create_block();
+        self.b.ins().jump(head, &[]);
+        self.b.switch_to_block(head);
+        self.masks.push(active);
+        let any = self.b.declare_var(types::I8);
+        let zero = self.iconst(types::I8, 0);
+        self.b.def_var(any, zero);
+        let r = self.each_unit(|e, base| {
+            let on = e.unit_active(base);
+            let acc = e.b.use_var(any);
+            let acc = e.b.ins().bor(acc, on);
+            e.b.def_var(any, acc);
+            Ok(())
+        });
+        if let Err(e) = r {
+            self.masks.pop();
+            return Err(e);
+        }
+        let go = self.b.use_var(any);
+        self.b.ins().brif(go, run, &[], exit, &[]);
+        self.b.switch_to_block(run);
+        self.cube_loops.push((active, resume));
+        let r = self.cube_nodes(body);
+        self.cube_loops.pop();
+        self.masks.pop();
+        r?;
+        // Units that continued come back for the next iteration.
+        self.each_unit(|e, base| {
+            let a = e.b.ins().load(types::I8, mem(), base, active as i32);
+            let c = e.b.ins().load(types::I8, mem(), base, resume as i32);
+            let a = e.b.ins().bor(a, c);
+            let zero = e.iconst(types::I8, 0);
+            e.b.ins().store(mem(), a, base, active as i32);
+            e.b.ins().store(mem(), zero, base, resume as i32);
+            Ok(())
+        })?;
+        self.b.ins().jump(head, &[]);
+        self.b.switch_to_block(exit);
         Ok(())
     }
 
@@ -1681,6 +1825,7 @@ impl<'a, 'b> Emitter<'a, 'b> {
             out_bytes: out_item.size() as u32,
             width: x_item.width as usize,
             ret_off: self.ret_off,
+            masks: self.masks.clone(),
             units: self.def.cube_size() as usize,
             stride: self.layout.unit_stride,
         });
@@ -1778,6 +1923,21 @@ impl<'a, 'b> Emitter<'a, 'b> {
                 self.loops.pop();
                 self.b.ins().jump(head, &[]);
                 self.b.switch_to_block(exit);
+            }
+            Stmt::Break | Stmt::Continue if self.loops.is_empty() => {
+                // Out of a cube-level `loop`: the unit leaves this iteration (and, for
+                // `break`, the loop).
+                let &(active, resume) = self.cube_loops.last().ok_or("`break` outside a loop")?;
+                let unit = self.unit.as_ref().ok_or("`break` outside a unit")?;
+                let (base, next) = (unit.base, unit.next);
+                let zero = self.iconst(types::I8, 0);
+                self.b.ins().store(mem(), zero, base, active as i32);
+                if matches!(s, Stmt::Continue) {
+                    let one = self.iconst(types::I8, 1);
+                    self.b.ins().store(mem(), one, base, resume as i32);
+                }
+                self.b.ins().jump(next, &[]);
+                self.dead();
             }
             Stmt::Break | Stmt::Continue => {
                 let &(cont, brk) = self.loops.last().ok_or("`break` outside a loop")?;

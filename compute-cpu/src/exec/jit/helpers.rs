@@ -161,6 +161,8 @@ pub(super) struct PlaneStep {
     pub width: usize,
     /// Slot of the returned flag: returned units are inactive.
     pub ret_off: Option<u32>,
+    /// Slots of the masks in force: units with any of them clear are inactive.
+    pub masks: Vec<u32>,
     pub units: usize,
     pub stride: u32,
 }
@@ -189,10 +191,12 @@ pub(super) unsafe extern "C" fn plane_step(step: *const PlaneStep, state: *mut u
     let x = gather(st.x_off, st.x_bytes);
     let lane = st.lane_off.map_or_else(|| vec![0u64], |o| gather(o, 4));
     let mask: Vec<u8> = (0..n)
-        .map(|u| match st.ret_off {
-            // SAFETY: as above.
-            Some(r) => (unsafe { *state.add(slot(u, r)) } == 0) as u8,
-            None => 1,
+        .map(|u| {
+            // SAFETY: the flag and mask bytes lie inside the state (as above).
+            let byte = |off: u32| unsafe { *state.add(slot(u, off)) };
+            let returned = st.ret_off.is_some_and(|r| byte(r) != 0);
+            let masked = st.masks.iter().any(|&m| byte(m) == 0);
+            (!returned && !masked) as u8
         })
         .collect();
     let mut out = vec![0u64; (n * st.out_bytes as usize).div_ceil(8).max(1)];

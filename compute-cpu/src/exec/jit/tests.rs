@@ -394,28 +394,31 @@ fn control_flow_barriers_and_shared_memory_match_the_interpreter() {
 
 #[test]
 fn kernels_the_jit_leaves_to_the_interpreter() {
-    let mut k = KernelBuilder::new("plane_in_if", [32, 1, 1]);
+    // A plane operation in a per-unit range loop.
+    let mut k = KernelBuilder::new("plane_in_range", [32, 1, 1]);
     let o = k.output("o", ElemType::U32, 1);
     let u = k.unit_pos();
-    let c = k.lt(u, 7u32);
-    k.if_(c, |k| {
-        let s = k.plane_sum(u);
+    k.range(0u32, u, 1u32, |k, j| {
+        let s = k.plane_sum(j);
         k.store(o, u, s);
     });
     let plan = compile_with(&k.build().unwrap(), true).unwrap();
     assert_eq!(plan.executor(), Executor::Interpreter);
-    assert!(plan.jit_fallback().unwrap().contains("plane"));
+    assert!(plan.jit_fallback().unwrap().contains("not uniform"));
 
-    // A barrier under a per-unit condition.
-    let mut k = KernelBuilder::new("divergent_barrier", [32, 1, 1]);
+    // A break out of a range loop that holds a barrier.
+    let mut k = KernelBuilder::new("break_range_barrier", [32, 1, 1]);
     let o = k.output("o", ElemType::U32, 1);
     let u = k.unit_pos();
-    let c = k.lt(u, 3u32);
-    k.if_(c, |k| k.barrier());
+    k.range(0u32, 4u32, 1u32, |k, j| {
+        k.barrier();
+        let c = k.eq(j, u);
+        k.if_(c, |k| k.break_());
+    });
     k.store(o, u, u);
     let plan = compile_with(&k.build().unwrap(), true).unwrap();
     assert_eq!(plan.executor(), Executor::Interpreter);
-    assert!(plan.jit_fallback().unwrap().contains("not uniform"));
+    assert!(plan.jit_fallback().unwrap().contains("range loop"));
 }
 
 #[test]
@@ -486,4 +489,67 @@ fn plane_ops_match_the_interpreter() {
     }
     assert!(same(ElemType::F32, &outs[0].0, &outs[1].0));
     assert_eq!(outs[0].1, outs[1].1);
+}
+
+#[test]
+fn divergent_barriers_loops_and_planes_match_the_interpreter() {
+    // A tree reduction in `loop` with barriers, exits by `break`, a `continue` that skips a
+    // round for some units, plane operations under a per-unit `if`, a barrier there too.
+    let mut k = KernelBuilder::new("divergent", [64, 1, 1]);
+    let a = k.input("a", ElemType::U32, 1);
+    let o = k.output("o", ElemType::U32, 4);
+    let sh = k.shared("sh", ElemType::U32, 1, 64);
+    let i = k.absolute_pos();
+    let u = k.unit_pos();
+    let x = k.load(a, i);
+    k.store(sh, u, x);
+    k.barrier();
+    let stride = k.var(32u32);
+    let rounds = k.var(0u32);
+    k.loop_(|k| {
+        let s = k.get(stride);
+        let done = k.eq(s, 0u32);
+        k.if_(done, |k| k.break_());
+        let half = k.shr(s, 1u32);
+        k.assign(stride, half);
+        let r = k.get(rounds);
+        let r = k.add(r, 1u32);
+        k.assign(rounds, r);
+        let skip = k.eq(u, 60u32);
+        k.if_(skip, |k| k.continue_());
+        let active = k.lt(u, s);
+        k.if_(active, |k| {
+            let other = k.add(u, s);
+            let p = k.load(sh, u);
+            let q = k.load(sh, other);
+            let t = k.add(p, q);
+            k.store(sh, u, t);
+        });
+        k.barrier();
+    });
+    let odd = k.bit_and(x, 1u32);
+    let odd = k.eq(odd, 1u32);
+    let total = k.load(sh, 0u32);
+    k.if_else(
+        odd,
+        |k| {
+            let s = k.plane_sum(x);
+            let t = k.lit_bool(true);
+            let b = k.ballot(t);
+            let b = k.extract(b, 0);
+            k.barrier();
+            let r = k.get(rounds);
+            let v = k.vector(&[s, b, r, total]);
+            k.store(o, i, v);
+        },
+        |k| {
+            let m = k.plane_max(x);
+            let v = k.vector(&[m, m, m, total]);
+            k.store(o, i, v);
+        },
+    );
+    let def = k.build().unwrap();
+    let n = 64 * 4;
+    let ins = [input(ElemType::U32, n, 13)];
+    check(&def, 4, &ins, ElemType::U32, n * 16);
 }

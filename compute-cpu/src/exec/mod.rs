@@ -1,5 +1,9 @@
 //! The CPU executor of the portable kernel IR.
 //!
+//! [`compile`] builds both the interpreter's plan described below and, where the [`jit`] covers
+//! the kernel and is enabled, its machine code, which then runs the launches
+//! ([`Plan::executor`] says which).
+//!
 //! [`compile`] turns a [`KernelDefinition`] into a [`Plan`] once: registers (one slab of
 //! `cube_size x width` components per SSA value and variable) and a tree of control nodes over
 //! flat instructions, each a lane kernel picked for its types. [`Plan::execute`] runs the cubes of

@@ -1,6 +1,6 @@
 //! A cranelift JIT for the kernel IR: each kernel becomes one native function that runs a cube.
 //!
-//! [`compile`] builds the function once (the server caches plans by kernel id, so once per
+//! [`compile`](super::compile) builds the function once (the server caches plans by kernel id, so once per
 //! kernel); kernels it does not cover (plane operations, barriers under non-uniform control
 //! flow or inside `loop`) are left to the interpreter, which stays the reference. The switch is
 //! `COMPUTE_CPU_JIT` (`0` for the interpreter; on by default), and `COMPUTE_CPU_SIMD=baseline`

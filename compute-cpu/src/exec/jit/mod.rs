@@ -1,15 +1,18 @@
 //! A cranelift JIT for the kernel IR: each kernel becomes one native function that runs a cube.
 //!
-//! [`compile`](super::compile) builds the function once (the server caches plans by kernel id, so once per
-//! kernel); kernels it does not cover (plane operations, barriers under non-uniform control
-//! flow or inside `loop`) are left to the interpreter, which stays the reference. The switch is
-//! `COMPUTE_CPU_JIT` (`0` for the interpreter; on by default), and `COMPUTE_CPU_SIMD=baseline`
-//! makes both paths use only the baseline instruction set (SSE2 on x86-64), to check the path
-//! taken on CPUs without AVX2 or FMA.
+//! [`compile`](super::compile) builds the function once (the server caches plans by kernel id,
+//! so once per kernel). Kernels it does not cover (barriers or plane operations under range loops
+//! whose bounds differ between units, or a `break` out of a range loop that holds a barrier) are
+//! left to the interpreter, which stays the reference. The switch is `COMPUTE_CPU_JIT` (`0` for
+//! the interpreter; on by default; `COMPUTE_CPU_JIT_LOG=1` logs each fallback), and
+//! `COMPUTE_CPU_SIMD=baseline` makes both paths use only the baseline instruction set (SSE2 on
+//! x86-64), to check the path taken on CPUs without AVX2 or FMA.
 //!
-//! Global memory: the generated code bounds-checks every access (out-of-range loads read 0 from
-//! a zero area, stores and atomics land in a per-worker sink), in checked and unchecked launches
-//! alike; its loads and stores are machine instructions, outside Rust's memory model, so racing
+//! Global memory: in checked launches the generated code bounds-checks every access (out-of-range
+//! loads read 0 from a zero area, stores and atomics land in a per-worker sink), except loads and
+//! stores at `absolute_pos` in cubes whose whole run is in range (one test per cube); unchecked
+//! launches trust global indices, as the interpreter does (shared and local arrays are always
+//! checked). Loads and stores are machine instructions, outside Rust's memory model, so racing
 //! kernels read torn values, never undefined behaviour.
 
 mod analysis;

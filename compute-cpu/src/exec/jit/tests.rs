@@ -553,3 +553,232 @@ fn divergent_barriers_loops_and_planes_match_the_interpreter() {
     let ins = [input(ElemType::U32, n, 13)];
     check(&def, 4, &ins, ElemType::U32, n * 16);
 }
+
+/// A small deterministic generator of kernels: random arithmetic over u32, i32 and f32 values,
+/// casts, selects, ifs, range loops and loops with breaks, variables, and barrier-separated
+/// rounds through shared memory.
+struct Gen {
+    s: u64,
+}
+
+impl Gen {
+    fn next(&mut self) -> u64 {
+        self.s ^= self.s << 13;
+        self.s ^= self.s >> 7;
+        self.s ^= self.s << 17;
+        self.s
+    }
+
+    fn pick<T: Copy>(&mut self, xs: &[T]) -> T {
+        xs[(self.next() % xs.len() as u64) as usize]
+    }
+
+    fn value(&mut self, k: &mut KernelBuilder, pool: &mut Vec<compute_core::kernel::Value>) {
+        let a = self.pick(pool);
+        let same: Vec<_> = pool
+            .iter()
+            .copied()
+            .filter(|v| v.elem() == a.elem())
+            .collect();
+        let b = self.pick(&same);
+        let e = a.elem();
+        let r = match self.next() % 6 {
+            0 | 1 => {
+                let ops: &[BinaryOp] = if e == ElemType::F32 {
+                    &[
+                        BinaryOp::Add,
+                        BinaryOp::Sub,
+                        BinaryOp::Mul,
+                        BinaryOp::Div,
+                        BinaryOp::Min,
+                        BinaryOp::Max,
+                    ]
+                } else {
+                    &[
+                        BinaryOp::Add,
+                        BinaryOp::Sub,
+                        BinaryOp::Mul,
+                        BinaryOp::Div,
+                        BinaryOp::Rem,
+                        BinaryOp::Min,
+                        BinaryOp::BitXor,
+                        BinaryOp::Shr,
+                        BinaryOp::Shl,
+                    ]
+                };
+                let op = self.pick(ops);
+                k.binary(op, a, b)
+            }
+            2 => {
+                let to = self.pick(&[ElemType::U32, ElemType::I32, ElemType::F32]);
+                k.cast(a, to)
+            }
+            3 => {
+                let c = self.pick(&[CmpOp::Lt, CmpOp::Ge, CmpOp::Ne]);
+                let c = k.compare(c, a, b);
+                let other = self.pick(&same);
+                k.select(c, b, other)
+            }
+            4 if e == ElemType::F32 => {
+                let c = self.pick(&same);
+                k.fma(a, b, c)
+            }
+            _ => {
+                let ops: &[UnaryOp] = if e == ElemType::F32 {
+                    &[UnaryOp::Abs, UnaryOp::Floor, UnaryOp::Neg, UnaryOp::Sin]
+                } else {
+                    &[UnaryOp::BitNot]
+                };
+                let op = self.pick(ops);
+                k.unary(op, a)
+            }
+        };
+        pool.push(r);
+    }
+}
+
+#[test]
+fn random_kernels_match_the_interpreter() {
+    for seed in 1..=100u64 {
+        let mut g = Gen {
+            s: seed.wrapping_mul(0x2545_F491_4F6C_DD1D) | 1,
+        };
+        let mut k = KernelBuilder::new(&format!("random_{seed}"), [64, 1, 1]);
+        let ua = k.input("ua", ElemType::U32, 1);
+        let fa = k.input("fa", ElemType::F32, 1);
+        let out = k.output("out", ElemType::U32, 1);
+        let fout = k.output("fout", ElemType::F32, 1);
+        let sh = k.shared("sh", ElemType::U32, 1, 64);
+        let i = k.absolute_pos();
+        let u = k.unit_pos();
+        let x = k.load(ua, i);
+        let y = k.load(fa, i);
+        let z = k.cast(x, ElemType::I32);
+        let seven = k.lit_u32(7);
+        let mut pool = vec![i, u, x, y, z, seven];
+        let acc = k.var(0u32);
+        let facc = k.var(0.0f32);
+        let rounds = 1 + g.next() % 3;
+        for _ in 0..rounds {
+            for _ in 0..4 {
+                g.value(&mut k, &mut pool);
+            }
+            let shape = g.next() % 4;
+            let us: Vec<_> = pool
+                .iter()
+                .copied()
+                .filter(|v| v.elem() == ElemType::U32)
+                .collect();
+            let fs: Vec<_> = pool
+                .iter()
+                .copied()
+                .filter(|v| v.elem() == ElemType::F32)
+                .collect();
+            let (pu, pf) = (g.pick(&us), g.pick(&fs));
+            let mut inner = pool.clone();
+            let mut g2 = Gen { s: g.next() | 1 };
+            match shape {
+                0 => {
+                    let c = k.bit_and(pu, 1u32);
+                    let c = k.eq(c, 0u32);
+                    k.if_else(
+                        c,
+                        |k| {
+                            g2.value(k, &mut inner);
+                            let a = k.get(acc);
+                            let a = k.add(a, pu);
+                            k.assign(acc, a);
+                        },
+                        |k| {
+                            let f = k.get(facc);
+                            let f = k.add(f, pf);
+                            k.assign(facc, f);
+                        },
+                    );
+                }
+                1 => {
+                    let n = k.rem(pu, 5u32);
+                    k.range(0u32, n, 1u32, |k, j| {
+                        inner.push(j);
+                        g2.value(k, &mut inner);
+                        let a = k.get(acc);
+                        let a = k.bit_xor(a, j);
+                        let a = k.add(a, 3u32);
+                        k.assign(acc, a);
+                    });
+                }
+                2 => {
+                    let n = k.rem(pu, 6u32);
+                    let c = k.var(0u32);
+                    k.loop_(|k| {
+                        let v = k.get(c);
+                        let done = k.ge(v, n);
+                        k.if_(done, |k| k.break_());
+                        let v = k.add(v, 1u32);
+                        k.assign(c, v);
+                        let f = k.get(facc);
+                        let f = k.mul(f, 0.5f32);
+                        k.assign(facc, f);
+                    });
+                    let v = k.get(c);
+                    let a = k.get(acc);
+                    let a = k.add(a, v);
+                    k.assign(acc, a);
+                }
+                _ => {
+                    // Through shared memory: every unit writes, a barrier, read a neighbour.
+                    let a = k.get(acc);
+                    let a = k.add(a, pu);
+                    k.store(sh, u, a);
+                    k.barrier();
+                    let other = k.bit_xor(u, 5u32);
+                    let v = k.load(sh, other);
+                    k.assign(acc, v);
+                    k.barrier();
+                }
+            }
+        }
+        let a = k.get(acc);
+        let us: Vec<_> = pool
+            .iter()
+            .copied()
+            .filter(|v| v.elem() == ElemType::U32)
+            .collect();
+        let a = k.add(a, g.pick(&us));
+        k.store(out, i, a);
+        let f = k.get(facc);
+        let fs: Vec<_> = pool
+            .iter()
+            .copied()
+            .filter(|v| v.elem() == ElemType::F32)
+            .collect();
+        let f = k.add(f, g.pick(&fs));
+        k.store(fout, i, f);
+        let def = k.build().unwrap_or_else(|e| panic!("seed {seed}: {e:?}"));
+
+        let jit = compile_with(&def, true).unwrap();
+        assert_eq!(jit.executor(), Executor::Jit, "{:?}", jit.jit_fallback());
+        let interp = compile_interpreted(&def).unwrap();
+        let n = 64 * 3;
+        let mut outs = Vec::new();
+        for plan in [&jit, &interp] {
+            let mut ua = input(ElemType::U32, n, seed);
+            let mut fa = input(ElemType::F32, n, seed + 100);
+            let mut o = vec![0u8; n * 4];
+            let mut fo = vec![0u8; n * 4];
+            let mut args = [
+                HostArg::new(&mut ua),
+                HostArg::new(&mut fa),
+                HostArg::new(&mut o),
+                HostArg::new(&mut fo),
+            ];
+            plan.execute_host([3, 1, 1], &mut args, &[]).unwrap();
+            outs.push((o, fo));
+        }
+        assert_eq!(outs[0].0, outs[1].0, "seed {seed}: u32 output");
+        assert!(
+            same(ElemType::F32, &outs[0].1, &outs[1].1),
+            "seed {seed}: f32 output"
+        );
+    }
+}

@@ -673,12 +673,17 @@ impl<'a, 'b> Emitter<'a, 'b> {
 
     fn fma_scalar(&mut self, e: ElemType, a: Value, b: Value, c: Value) -> R<Value> {
         if is_half(e) {
+            // Exact through f32, as the interpreter: fused instruction or software fma.
             let (fa, fb, fc) = (
                 self.half_to_f32(e, a)?,
                 self.half_to_f32(e, b)?,
                 self.half_to_f32(e, c)?,
             );
-            let r = self.fma_scalar(ElemType::F32, fa, fb, fc)?;
+            let r = if self.feat.fma {
+                self.b.ins().fma(fa, fb, fc)
+            } else {
+                self.call("fma_f32", &[fa, fb, fc], types::F32)?
+            };
             return self.f32_to_half(e, r);
         }
         if !e.is_float() {
@@ -687,13 +692,9 @@ impl<'a, 'b> Emitter<'a, 'b> {
         if self.feat.fma {
             return Ok(self.b.ins().fma(a, b, c));
         }
-        let ty = elem_ty(e);
-        let name = if e == ElemType::F32 {
-            "fma_f32"
-        } else {
-            "fma_f64"
-        };
-        self.call(name, &[a, b, c], ty)
+        // No fused instruction: `a * b + c` (the IR fuses only where the hardware does).
+        let p = self.b.ins().fmul(a, b);
+        Ok(self.b.ins().fadd(p, c))
     }
 
     fn clamp_scalar(&mut self, e: ElemType, x: Value, lo: Value, hi: Value) -> R<Value> {
@@ -886,9 +887,16 @@ impl<'a, 'b> Emitter<'a, 'b> {
     }
 
     fn fma(&mut self, item: Item, a: &[Value], b: &[Value], c: &[Value]) -> R<Vec<Value>> {
-        if chunk_lanes(item) > 1 && item.elem.is_float() && self.feat.fma {
+        if chunk_lanes(item) > 1 && item.elem.is_float() {
             return Ok((0..a.len())
-                .map(|k| self.b.ins().fma(a[k], b[k], c[k]))
+                .map(|k| {
+                    if self.feat.fma {
+                        self.b.ins().fma(a[k], b[k], c[k])
+                    } else {
+                        let p = self.b.ins().fmul(a[k], b[k]);
+                        self.b.ins().fadd(p, c[k])
+                    }
+                })
                 .collect());
         }
         let (ca, cb, cc) = (

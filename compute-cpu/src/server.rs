@@ -38,15 +38,12 @@ pub struct CpuInfo {
     pub device: CpuDevice,
     /// Worker threads the executor spreads cubes over.
     pub threads: usize,
-    /// Whether kernels compile to machine code (`COMPUTE_CPU_JIT`, on by default).
+    /// Whether kernels compile to machine code (`COMPUTE_CPU_JIT`, on by default); the few the
+    /// JIT does not cover run on the interpreter (`COMPUTE_CPU_JIT_LOG=1` names them, and
+    /// [`Plan::executor`](crate::exec::Plan::executor) tells for one plan).
     pub jit: bool,
     /// The instruction-set features in use, e.g. `x86_64 avx2 fma sse4.1`.
     pub cpu_features: String,
-    /// Kernels this server compiled that run as machine code.
-    pub jit_kernels: usize,
-    /// Kernels this server compiled that run on the interpreter (the JIT off, or a kernel it
-    /// does not cover).
-    pub interpreted_kernels: usize,
 }
 
 struct StreamState {
@@ -375,18 +372,11 @@ impl ComputeServer for CpuServer {
     type Info = CpuInfo;
 
     fn info(&self) -> CpuInfo {
-        let jit_kernels = self
-            .plans
-            .values()
-            .filter(|p| p.executor() == exec::Executor::Jit)
-            .count();
         CpuInfo {
             device: self.device,
             threads: rayon::current_num_threads(),
             jit: exec::jit::enabled(),
             cpu_features: exec::jit::features().describe(),
-            jit_kernels,
-            interpreted_kernels: self.plans.len() - jit_kernels,
         }
     }
 

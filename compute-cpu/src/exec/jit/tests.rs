@@ -782,3 +782,28 @@ fn random_kernels_match_the_interpreter() {
         );
     }
 }
+
+#[test]
+fn the_client_reports_the_executor_and_features() {
+    use compute_core::ComputeClient;
+
+    use crate::{CpuDevice, CpuRuntime};
+    let client = ComputeClient::<CpuRuntime>::load(&CpuDevice::default());
+    let info = client.info();
+    assert_eq!(info.jit, super::enabled());
+    assert_eq!(info.cpu_features, super::features().describe());
+    assert!(info.cpu_features.starts_with(std::env::consts::ARCH));
+    let name = &client.properties().name;
+    let path = if info.jit { "jit" } else { "interpreter" };
+    assert!(
+        name.contains(path) && name.contains(&info.cpu_features),
+        "{name}"
+    );
+    #[cfg(target_arch = "x86_64")]
+    if !super::features().forced_baseline {
+        assert_eq!(
+            super::features().avx2,
+            std::arch::is_x86_feature_detected!("avx2")
+        );
+    }
+}

@@ -2,8 +2,12 @@
 //!
 //! The CPU backend of the compute runtime. Memory is host memory carved by compute-core's pools;
 //! every stream has a worker thread that runs its commands in order (a launch returns before the
-//! kernel runs); kernels in the portable IR run on a SIMT executor: cubes in parallel over a
-//! thread pool, the units of a cube in lockstep over lanes, so barriers and shared memory are exact.
+//! kernel runs, except small launches on an idle stream, which run on the calling thread); kernels
+//! in the portable IR are compiled to machine code by a cranelift JIT ([`exec::jit`]: cubes in
+//! parallel over a thread pool, each cube one native function looping over its units between
+//! barriers), with a SIMT interpreter (the units of a cube in lockstep over lanes) as the reference
+//! and the fallback. `COMPUTE_CPU_JIT=0` selects the interpreter; `properties().name` and
+//! [`CpuInfo`] report the executor and the CPU features in use.
 //!
 //! ```
 //! use compute_core::{Bytes, ComputeClient};

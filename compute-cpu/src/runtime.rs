@@ -22,7 +22,18 @@ fn properties(device: CpuDevice) -> DeviceProperties {
     let max_page =
         total.unwrap_or(16 << 30) / crate::storage::CPU_ALIGNMENT * crate::storage::CPU_ALIGNMENT;
     DeviceProperties {
-        name: format!("cpu:{}", device.index),
+        // The executor and the instruction-set features in use, e.g.
+        // `cpu:0 (jit; x86_64 avx2 fma sse4.1)`.
+        name: format!(
+            "cpu:{} ({}; {})",
+            device.index,
+            if crate::exec::jit::enabled() {
+                "jit"
+            } else {
+                "interpreter"
+            },
+            crate::exec::jit::features().describe()
+        ),
         backend: "cpu".into(),
         memory: MemoryDeviceProperties {
             max_page_size: max_page,

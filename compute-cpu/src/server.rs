@@ -28,6 +28,9 @@ use crate::kernel::CpuKernel;
 use crate::storage::{CPU_ALIGNMENT, CpuResource, CpuStorage};
 use crate::worker::{Command, Progress, Worker};
 
+/// Launches of at most this many units run on the calling thread when their stream is idle.
+const INLINE_UNITS: u64 = 1024;
+
 /// Backend information of a CPU server.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CpuInfo {
@@ -35,6 +38,12 @@ pub struct CpuInfo {
     pub device: CpuDevice,
     /// Worker threads the executor spreads cubes over.
     pub threads: usize,
+    /// Whether kernels compile to machine code (`COMPUTE_CPU_JIT`, on by default); the few the
+    /// JIT does not cover run on the interpreter (`COMPUTE_CPU_JIT_LOG=1` names them, and
+    /// [`Plan::executor`](crate::exec::Plan::executor) tells for one plan).
+    pub jit: bool,
+    /// The instruction-set features in use, e.g. `x86_64 avx2 fma sse4.1`.
+    pub cpu_features: String,
 }
 
 struct StreamState {
@@ -227,9 +236,25 @@ impl CpuServer {
         bindings: &[&Binding],
         command: Command,
     ) -> Result<u64, ServerError> {
+        self.submit_with(stream, bindings, command, false)
+    }
+
+    /// [`submit`](Self::submit); with `inline`, the command runs at once on the calling thread
+    /// when the stream is idle (for small launches and sync markers).
+    fn submit_with(
+        &mut self,
+        stream: StreamId,
+        bindings: &[&Binding],
+        command: Command,
+        inline: bool,
+    ) -> Result<u64, ServerError> {
         let waits = self.waits(stream, bindings.iter().copied());
         let state = self.stream(stream)?;
-        let seq = state.worker.submit(waits, command);
+        let seq = if inline {
+            state.worker.submit_or_run(waits, command)
+        } else {
+            state.worker.submit(waits, command)
+        };
         for binding in bindings {
             binding
                 .handle()
@@ -269,7 +294,7 @@ impl CpuServer {
             tx.send(first.map_or(Ok(()), Err));
             Ok(())
         });
-        if let Err(e) = self.submit(stream, &[], command) {
+        if let Err(e) = self.submit_with(stream, &[], command, true) {
             return Box::pin(core::future::ready(Err(e)));
         }
         Box::pin(async move { rx.await.unwrap_or_else(|| Err(worker_gone())) })
@@ -351,6 +376,8 @@ impl ComputeServer for CpuServer {
         CpuInfo {
             device: self.device,
             threads: rayon::current_num_threads(),
+            jit: exec::jit::enabled(),
+            cpu_features: exec::jit::features().describe(),
         }
     }
 
@@ -502,6 +529,7 @@ impl ComputeServer for CpuServer {
     ) -> Result<(), ServerError> {
         kernel.definition.check_arguments(&arguments)?;
         count.check(&self.properties.hardware)?;
+        let cube_size = u64::from(kernel.definition.cube_size());
         let plan = self.plan(&kernel)?;
         let (count, count_binding) = match count {
             CubeCount::Static(x, y, z) => (CountSource::Static([x, y, z]), None),
@@ -538,7 +566,17 @@ impl ComputeServer for CpuServer {
         }
         let bindings: Vec<Binding> = launch.bindings().cloned().collect();
         let refs: Vec<&Binding> = bindings.iter().collect();
-        self.submit(stream, &refs, Box::new(move || launch.run()))?;
+        // A launch of a few units runs on the calling thread when the stream is idle: waking
+        // the stream's worker would cost more than the kernel.
+        let small = match launch.count {
+            CountSource::Static(c) => {
+                c.iter()
+                    .fold(cube_size, |n, &x| n.saturating_mul(u64::from(x)))
+                    <= INLINE_UNITS
+            }
+            CountSource::Dynamic(_) => false,
+        };
+        self.submit_with(stream, &refs, Box::new(move || launch.run()), small)?;
         Ok(())
     }
 

@@ -29,6 +29,10 @@ impl Progress {
         }
     }
 
+    fn reached(&self, seq: u64) -> bool {
+        self.completed.load(Ordering::Acquire) >= seq
+    }
+
     fn advance(&self, seq: u64) {
         let guard = self.lock.lock().unwrap_or_else(|p| p.into_inner());
         self.completed.store(seq, Ordering::Release);
@@ -94,6 +98,26 @@ impl Worker {
         seq
     }
 
+    /// Run `command` at once on the calling thread when the stream is idle and every wait is
+    /// already met (no thread hand-over: small launches and syncs cost no wake-up); queue it
+    /// otherwise. Returns its sequence number.
+    pub(crate) fn submit_or_run(
+        &mut self,
+        waits: Vec<(Arc<Progress>, u64)>,
+        command: Command,
+    ) -> u64 {
+        let idle = self.progress.reached(self.submitted)
+            && waits.iter().all(|(other, seq)| other.reached(*seq));
+        if !idle {
+            return self.submit(waits, command);
+        }
+        self.submitted += 1;
+        let seq = self.submitted;
+        run_command(command, &self.errors);
+        self.progress.advance(seq);
+        seq
+    }
+
     /// The worker's progress, to wait on from other streams.
     pub(crate) fn progress(&self) -> &Arc<Progress> {
         &self.progress
@@ -125,20 +149,24 @@ fn run(receiver: mpsc::Receiver<Job>, progress: Arc<Progress>, errors: ErrorQueu
         for (other, seq) in &job.waits {
             other.wait_for(*seq);
         }
-        let command = job.command;
-        let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(command));
-        let error = match outcome {
-            Ok(Ok(())) => None,
-            Ok(Err(e)) => Some(e),
-            Err(panic) => Some(ServerError::Execution(format!(
-                "a command panicked on the stream worker: {}",
-                panic_message(&panic)
-            ))),
-        };
-        if let Some(e) = error {
-            errors.lock().push_back(e);
-        }
+        run_command(job.command, &errors);
         progress.advance(job.seq);
+    }
+}
+
+/// Run one command, queueing its error or panic.
+fn run_command(command: Command, errors: &ErrorQueue) {
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(command));
+    let error = match outcome {
+        Ok(Ok(())) => None,
+        Ok(Err(e)) => Some(e),
+        Err(panic) => Some(ServerError::Execution(format!(
+            "a command panicked on the stream worker: {}",
+            panic_message(&panic)
+        ))),
+    };
+    if let Some(e) = error {
+        errors.lock().push_back(e);
     }
 }
 

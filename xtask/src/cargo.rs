@@ -134,6 +134,9 @@ impl Cargo {
             .current_dir(workspace_root())
             .envs(self.envs.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null());
+        for (k, v) in &self.envs {
+            command.env(k, v);
+        }
         // Our pipes hide the terminal from the child; keep cargo's colours
         // when the user is looking at one.
         if env::var_os("CARGO_TERM_COLOR").is_none() && io::stderr().is_terminal() {
@@ -184,6 +187,19 @@ pub fn feature_args(features: &[String]) -> Vec<String> {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn env_shows_in_the_command_line() {
+        let c = Cargo::new(["test", "-p", "x"]).env("COMPUTE_CPU_JIT", "0");
+        assert_eq!(c.display(), "COMPUTE_CPU_JIT=0 cargo test -p x");
+        let cmd = c.command();
+        let envs: Vec<_> = cmd.get_envs().collect();
+        assert!(envs.contains(&(
+            std::ffi::OsStr::new("COMPUTE_CPU_JIT"),
+            Some(std::ffi::OsStr::new("0"))
+        )));
+    }
+
     use super::*;
 
     #[test]

@@ -11,6 +11,10 @@ use crate::verdict::{Verdict, apply_reduced, judge};
 /// Env var naming backends that must run (comma-separated).
 pub const REQUIRE_ENV: &str = "COMPUTE_REQUIRE_BACKENDS";
 
+/// The CPU backend's second matrix line: its suite again on the interpreter (the first runs
+/// the JIT, the default), named so in the report.
+pub const CPU_INTERPRETER: &str = "cpu-interpreter";
+
 /// The integration test target holding the conformance suite.
 const CONFORMANCE: &str = "conformance";
 
@@ -72,7 +76,18 @@ pub fn run() -> i32 {
                 reason: Some(reason.clone()),
             },
         };
+        let cpu_ran = name == "cpu" && matches!(availability, Availability::Available) && built;
         reports.push(report);
+        if cpu_ran {
+            reports.push(run_suite_with(
+                "cpu",
+                CPU_INTERPRETER,
+                &[("COMPUTE_CPU_JIT", "0")],
+                &enabled,
+                &mut failures,
+                &mut reduced,
+            ));
+        }
     }
     if let Some(report) = world_tests(&probe.backends, &enabled, &mut failures) {
         reports.push(report);
@@ -261,16 +276,31 @@ fn run_suite(
     failures: &mut Vec<String>,
     reduced: &mut Vec<String>,
 ) -> BackendReport {
-    eprintln!("xtask: running the conformance suite for {name} ...");
-    let cargo = Cargo::new(suite_args(name, enabled));
-    let verdict = run_tests(&cargo, &format!("backend {name}"));
+    run_suite_with(name, name, &[], enabled, failures, reduced)
+}
+
+/// Run one backend's conformance tests with extra environment, reported as `label`.
+fn run_suite_with(
+    name: &str,
+    label: &str,
+    envs: &[(&str, &str)],
+    enabled: &[String],
+    failures: &mut Vec<String>,
+    reduced: &mut Vec<String>,
+) -> BackendReport {
+    eprintln!("xtask: running the conformance suite for {label} ...");
+    let mut cargo = Cargo::new(suite_args(name, enabled));
+    for (k, v) in envs {
+        cargo = cargo.env(k, v);
+    }
+    let verdict = run_tests(&cargo, &format!("backend {label}"));
     if verdict.counts.is_empty() {
         eprintln!("xtask: warning: no conformance test matched `{name}::`");
     }
     failures.extend(verdict.failures);
     reduced.extend(verdict.reduced);
     BackendReport {
-        backend: name.to_string(),
+        backend: label.to_string(),
         passed: verdict.counts.passed,
         failed: verdict.counts.failed,
         skipped: verdict.counts.skipped,

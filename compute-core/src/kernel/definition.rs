@@ -74,8 +74,11 @@ impl KernelDefinition {
     }
 
     /// Number of units per cube.
+    ///
+    /// Saturates at `u32::MAX` for dimensions whose product overflows (such a kernel fails
+    /// [`validate`](Self::validate)).
     pub fn cube_size(&self) -> u32 {
-        self.cube_dim.iter().product()
+        self.cube_dim.iter().fold(1u32, |n, &d| n.saturating_mul(d))
     }
 
     /// Buffer parameters, in binding order.

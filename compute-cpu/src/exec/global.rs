@@ -47,6 +47,11 @@ impl GlobalMem {
         }
     }
 
+    /// Start of the buffer.
+    pub(crate) fn ptr(&self) -> *mut u8 {
+        self.ptr
+    }
+
     /// Entries of the buffer.
     pub(crate) fn len(&self) -> u64 {
         self.len

@@ -247,12 +247,13 @@ op2! {
     Shr: Int => |a, b| a.shr(b);
 }
 
-/// Whether this CPU runs the AVX2 + FMA instances of the lane kernels (detected once; the
-/// standard library caches the answer).
+/// Whether this CPU runs the AVX2 + FMA instances of the lane kernels (detected once, see
+/// [`features`](super::jit::features); `COMPUTE_CPU_SIMD=baseline` turns them off).
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
 pub(crate) fn has_avx2_fma() -> bool {
-    std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+    let f = super::jit::features();
+    f.avx2 && f.fma
 }
 
 #[inline(always)]
@@ -450,6 +451,27 @@ pub(crate) fn unary_fn(op: UnaryOp, elem: ElemType) -> Option<UnFn> {
 
 pub(crate) struct Fma;
 pub(crate) struct Clamp;
+/// `a * b + c` rounded twice: `fma` where the CPU has no fused multiply-add (the IR fuses only
+/// "where the hardware fuses"; a software fma costs a libm call per element).
+pub(crate) struct MulAdd;
+
+impl<T: Float> Op3<T> for MulAdd {
+    #[inline(always)]
+    fn f(a: T, b: T, c: T) -> T {
+        a.mul(b).add(c)
+    }
+}
+
+/// Whether `fma` of f32 and f64 is fused: the CPU has a fused multiply-add instruction.
+pub(crate) fn fused_fma() -> bool {
+    super::jit::features().fma
+}
+
+/// Whether `elem`'s `fma` runs unfused on this CPU (f32 and f64 without hardware fma; halves
+/// are always exact, through f32).
+fn unfused(elem: ElemType) -> bool {
+    !fused_fma() && matches!(elem, ElemType::F32 | ElemType::F64)
+}
 
 pub(crate) trait Op3<T> {
     fn f(a: T, b: T, c: T) -> T;
@@ -613,6 +635,13 @@ pub(crate) fn acc_add_fn(elem: ElemType) -> Option<AccFn> {
 
 /// `acc = fma(a, b, acc)` in place; with `bcast`, `a` is a per-unit scalar.
 pub(crate) fn acc_fma_fn(elem: ElemType, bcast: bool) -> Option<AccFn> {
+    if unfused(elem) {
+        return if bcast {
+            by_float!(elem, acc3_bcast, MulAdd, AccFn)
+        } else {
+            by_float!(elem, acc3, MulAdd, AccFn)
+        };
+    }
     if bcast {
         by_float!(elem, acc3_bcast, Fma, AccFn)
     } else {
@@ -622,6 +651,9 @@ pub(crate) fn acc_fma_fn(elem: ElemType, bcast: bool) -> Option<AccFn> {
 
 /// The fused multiply-add kernel of a float type.
 pub(crate) fn fma_fn(elem: ElemType) -> Option<TerFn> {
+    if unfused(elem) {
+        return by_float!(elem, ternary, MulAdd, TerFn);
+    }
     by_float!(elem, ternary, Fma, TerFn)
 }
 

@@ -1,5 +1,9 @@
 //! The CPU executor of the portable kernel IR.
 //!
+//! [`compile`] builds both the interpreter's plan described below and, where the [`jit`] covers
+//! the kernel and is enabled, its machine code, which then runs the launches
+//! ([`Plan::executor`] says which).
+//!
 //! [`compile`] turns a [`KernelDefinition`] into a [`Plan`] once: registers (one slab of
 //! `cube_size x width` components per SSA value and variable) and a tree of control nodes over
 //! flat instructions, each a lane kernel picked for its types. [`Plan::execute`] runs the cubes of
@@ -30,6 +34,7 @@
 //! ```
 
 mod global;
+pub mod jit;
 mod lanes;
 mod plan;
 mod plane;
@@ -42,7 +47,7 @@ use compute_core::error::ServerError;
 use compute_core::kernel::KernelDefinition;
 use compute_core::kernel::ScalarValue;
 
-pub use plan::{Plan, compile};
+pub use plan::{Executor, Plan, compile, compile_interpreted, compile_jit};
 
 use global::GlobalMem;
 use run::Launch;
@@ -170,7 +175,10 @@ impl Plan {
             cube_count,
             checked: bounds_checked,
         };
-        self.run_launch(&launch);
+        match &self.jit {
+            Some(jit) => jit.run_launch(&launch),
+            None => self.run_launch(&launch),
+        }
         Ok(())
     }
 

@@ -8,9 +8,12 @@ use compute_core::kernel::{
     ValueId, VarId,
 };
 
+use std::sync::Arc;
+
 use super::global::{
     self, AtomicFn, F32Atomic, GlobalLoadFn, GlobalStoreFn, RunLoadFn, RunStoreFn,
 };
+use super::jit::{self, JitKernel};
 use super::lanes::{self, AccFn, BinFn, IndexFn, TerFn, UnFn};
 use super::plane::{self, PlaneFn};
 use super::range::{RangeFns, range_fns};
@@ -214,6 +217,19 @@ pub struct Plan {
     pub(crate) scalars: Vec<(String, ElemType)>,
     pub(crate) shared_words: Vec<usize>,
     pub(crate) local_words: Vec<usize>,
+    /// The kernel as machine code, where the JIT covers it and is enabled.
+    pub(crate) jit: Option<Arc<JitKernel>>,
+    /// Why the JIT does not run this kernel (`None` when it does).
+    pub(crate) jit_fallback: Option<String>,
+}
+
+/// Which executor runs a plan's launches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Executor {
+    /// The kernel compiled to machine code by the cranelift JIT.
+    Jit,
+    /// The lockstep interpreter.
+    Interpreter,
 }
 
 impl Plan {
@@ -226,12 +242,49 @@ impl Plan {
     pub fn cube_dim(&self) -> [u32; 3] {
         self.cube_dim
     }
+
+    /// Which executor runs this plan's launches.
+    pub fn executor(&self) -> Executor {
+        if self.jit.is_some() {
+            Executor::Jit
+        } else {
+            Executor::Interpreter
+        }
+    }
+
+    /// Why the JIT does not run this kernel: `None` when it does, or when the JIT is switched
+    /// off (`COMPUTE_CPU_JIT=0`, or [`compile_interpreted`]).
+    pub fn jit_fallback(&self) -> Option<&str> {
+        self.jit_fallback.as_deref()
+    }
+
+    /// Microseconds the JIT took to compile this kernel (`None` without JIT code).
+    pub fn jit_compile_us(&self) -> Option<f64> {
+        self.jit.as_ref().map(|j| j.compile_us)
+    }
 }
 
-/// Compile a kernel into a plan. Fails with [`ServerError::Compilation`] on IR that does not
+/// Compile a kernel into a plan: machine code where the JIT covers the kernel and is enabled
+/// (see [`jit`](super::jit)), the interpreter otherwise. Fails with [`ServerError::Compilation`] on IR that does not
 /// validate (possible for deserialised kernels) and [`ServerError::Unsupported`] on cubes or
 /// shared memory beyond this executor's limits.
 pub fn compile(def: &KernelDefinition) -> Result<Plan, ServerError> {
+    compile_with(def, jit::enabled())
+}
+
+/// [`compile`] for the interpreter only, whatever `COMPUTE_CPU_JIT` says (the reference the JIT
+/// is checked against).
+pub fn compile_interpreted(def: &KernelDefinition) -> Result<Plan, ServerError> {
+    compile_with(def, false)
+}
+
+/// [`compile`] with the JIT, whatever `COMPUTE_CPU_JIT` says (the plan still falls back to the
+/// interpreter for kernels the JIT does not cover: see [`Plan::executor`]).
+pub fn compile_jit(def: &KernelDefinition) -> Result<Plan, ServerError> {
+    compile_with(def, true)
+}
+
+pub(crate) fn compile_with(def: &KernelDefinition, use_jit: bool) -> Result<Plan, ServerError> {
     let lanes = def.cube_size() as usize;
     if lanes == 0 || lanes > MAX_UNITS_PER_CUBE as usize {
         return Err(ServerError::Unsupported(format!(
@@ -265,7 +318,34 @@ pub fn compile(def: &KernelDefinition) -> Result<Plan, ServerError> {
         alias: vec![None; nvalues],
     };
     let body = c.block(def.body(), 0)?;
+    let (jit, jit_fallback) = if use_jit {
+        match jit::compile(def) {
+            Ok(k) => {
+                if std::env::var("COMPUTE_CPU_JIT_LOG").is_ok_and(|v| v == "1") {
+                    eprintln!(
+                        "compute-cpu: kernel `{}` compiled to machine code in {:.0} us",
+                        def.name(),
+                        k.compile_us
+                    );
+                }
+                (Some(Arc::new(k)), None)
+            }
+            Err(why) => {
+                if std::env::var("COMPUTE_CPU_JIT_LOG").is_ok_and(|v| v == "1") {
+                    eprintln!(
+                        "compute-cpu: kernel `{}` runs on the interpreter: {why}",
+                        def.name()
+                    );
+                }
+                (None, Some(why))
+            }
+        }
+    } else {
+        (None, None)
+    };
     Ok(Plan {
+        jit,
+        jit_fallback,
         name: def.name().to_owned(),
         cube_dim: def.cube_dim(),
         lanes,

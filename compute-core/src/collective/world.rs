@@ -232,6 +232,9 @@ struct HubState {
     complete: bool,
     failed: Option<CollectiveError>,
     comm_conns: HashMap<(u64, usize), TcpStream>,
+    /// Store waits answered to the other ranks, by key (a barrier at rank 0 returns once every
+    /// rank has its answer, so that rank 0 may exit after it).
+    answered: HashMap<String, u64>,
     /// Communicators whose round failed at rank 0: a rank that opens one late is told at once.
     failed_comms: HashMap<u64, CollectiveError>,
 }
@@ -445,6 +448,7 @@ fn serve_store(hub: &Hub, mut conn: TcpStream) {
             Err(Failure::Closed(_)) => return,
         };
         let mut r = Reader::new(&body);
+        let mut waited: Option<String> = None;
         let reply = (|| {
             Ok::<Writer, CollectiveError>(match r.u8()? {
                 SET => {
@@ -465,7 +469,9 @@ fn serve_store(hub: &Hub, mut conn: TcpStream) {
                     let key = r.string()?;
                     let target = r.u64()?;
                     let wait = Duration::from_millis(r.u64()?);
-                    Writer::new(COUNT).u64(hub.wait_count(&key, target, wait)?)
+                    let count = hub.wait_count(&key, target, wait)?;
+                    waited = Some(key);
+                    Writer::new(COUNT).u64(count)
                 }
                 other => {
                     return Err(CollectiveError::Protocol(format!(
@@ -477,6 +483,10 @@ fn serve_store(hub: &Hub, mut conn: TcpStream) {
         let reply = reply.unwrap_or_else(|e| wire::put_error(Writer::new(ERROR), &e));
         if wire::write_frame(&mut conn, &reply.0, Instant::now() + hub.config.timeout).is_err() {
             return;
+        }
+        if let Some(key) = waited {
+            *lock(&hub.state).answered.entry(key).or_insert(0) += 1;
+            hub.changed.notify_all();
         }
     }
 }
@@ -721,10 +731,21 @@ impl World {
     }
 
     /// Wait until every rank has reached the barrier `name` (each name used once per rank).
+    /// Rank 0 returns only once every other rank has been answered, so a barrier is a safe last
+    /// call before the processes exit (rank 0's store goes with its process).
     pub fn barrier(&self, name: &str) -> Result<(), CollectiveError> {
         let key = format!("barrier/{name}");
         self.add(&key, 1)?;
-        self.wait_count(&key, self.size() as u64).map(drop)
+        self.wait_count(&key, self.size() as u64)?;
+        if let Some(hub) = &self.hub {
+            let others = self.size() as u64 - 1;
+            hub.wait_for(
+                self.config.timeout,
+                &format!("every rank to leave the barrier {name:?}"),
+                |s| (s.answered.get(&key).copied().unwrap_or(0) >= others).then_some(()),
+            )?;
+        }
+        Ok(())
     }
 
     /// The communicator number of a group of this process's devices: groups are numbered in

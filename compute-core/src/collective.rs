@@ -307,7 +307,19 @@ impl HostRendezvous {
         if round.contributions.len() == group.len() {
             let joined = world::world().filter(|w| w.size() > 1);
             if let Some(e) = disagreement(&group, seq, &round.contributions) {
-                round.result = Some(Err(e.into()));
+                match joined {
+                    // Tell the other processes (off the lock), whose round fails the same way.
+                    Some(w) => {
+                        round.reducing = true;
+                        drop(rounds);
+                        let e = w.fail_round(w.communicator(&group), seq, e);
+                        rounds = self.rounds.lock().unwrap_or_else(|p| p.into_inner());
+                        if let Some(round) = rounds.get_mut(&key) {
+                            round.result = Some(Err(e.into()));
+                        }
+                    }
+                    None => round.result = Some(Err(e.into())),
+                }
             } else if let Some(w) = joined {
                 // Across processes: reduce off the lock (the world bounds its own waits).
                 round.reducing = true;

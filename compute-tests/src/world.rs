@@ -230,7 +230,12 @@ pub fn run_scenario<R: Runtime>(scenario: &str, late_ms: u64) -> Result<String, 
         _ => {
             let world = init_world(config).map_err(|e| format!("join: {e}"))?;
             match scenario {
-                "sum_mean" => sum_mean::<R>(world),
+                // The barrier is a safe last call: rank 0 (and its store) stays until every rank
+                // has left it.
+                "sum_mean" => sum_mean::<R>(world).and_then(|m| {
+                    world.barrier("end").map_err(|e| e.to_string())?;
+                    Ok(m)
+                }),
                 "killed" => killed::<R>(world),
                 "mismatch" => mismatch::<R>(world),
                 other => Err(format!("unknown scenario {other} (known: {SCENARIOS:?})")),

@@ -209,6 +209,7 @@ const COUNT: u8 = 10;
 const WAIT: u8 = 11;
 const ROUND: u8 = 12;
 const RESULT: u8 = 13;
+const FAILED: u8 = 14;
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
@@ -231,6 +232,9 @@ struct HubState {
     complete: bool,
     failed: Option<CollectiveError>,
     comm_conns: HashMap<(u64, usize), TcpStream>,
+    /// Store waits answered to the other ranks, by key (a barrier at rank 0 returns once every
+    /// rank has its answer, so that rank 0 may exit after it).
+    answered: HashMap<String, u64>,
     /// Communicators whose round failed at rank 0: a rank that opens one late is told at once.
     failed_comms: HashMap<u64, CollectiveError>,
 }
@@ -444,6 +448,7 @@ fn serve_store(hub: &Hub, mut conn: TcpStream) {
             Err(Failure::Closed(_)) => return,
         };
         let mut r = Reader::new(&body);
+        let mut waited: Option<String> = None;
         let reply = (|| {
             Ok::<Writer, CollectiveError>(match r.u8()? {
                 SET => {
@@ -464,7 +469,9 @@ fn serve_store(hub: &Hub, mut conn: TcpStream) {
                     let key = r.string()?;
                     let target = r.u64()?;
                     let wait = Duration::from_millis(r.u64()?);
-                    Writer::new(COUNT).u64(hub.wait_count(&key, target, wait)?)
+                    let count = hub.wait_count(&key, target, wait)?;
+                    waited = Some(key);
+                    Writer::new(COUNT).u64(count)
                 }
                 other => {
                     return Err(CollectiveError::Protocol(format!(
@@ -476,6 +483,10 @@ fn serve_store(hub: &Hub, mut conn: TcpStream) {
         let reply = reply.unwrap_or_else(|e| wire::put_error(Writer::new(ERROR), &e));
         if wire::write_frame(&mut conn, &reply.0, Instant::now() + hub.config.timeout).is_err() {
             return;
+        }
+        if let Some(key) = waited {
+            *lock(&hub.state).answered.entry(key).or_insert(0) += 1;
+            hub.changed.notify_all();
         }
     }
 }
@@ -720,10 +731,21 @@ impl World {
     }
 
     /// Wait until every rank has reached the barrier `name` (each name used once per rank).
+    /// Rank 0 returns only once every other rank has been answered, so a barrier is a safe last
+    /// call before the processes exit (rank 0's store goes with its process).
     pub fn barrier(&self, name: &str) -> Result<(), CollectiveError> {
         let key = format!("barrier/{name}");
         self.add(&key, 1)?;
-        self.wait_count(&key, self.size() as u64).map(drop)
+        self.wait_count(&key, self.size() as u64)?;
+        if let Some(hub) = &self.hub {
+            let others = self.size() as u64 - 1;
+            hub.wait_for(
+                self.config.timeout,
+                &format!("every rank to leave the barrier {name:?}"),
+                |s| (s.answered.get(&key).copied().unwrap_or(0) >= others).then_some(()),
+            )?;
+        }
+        Ok(())
     }
 
     /// The communicator number of a group of this process's devices: groups are numbered in
@@ -786,9 +808,9 @@ impl World {
             len: first.len(),
         };
         let out = if self.rank() == 0 {
-            self.root_round(&mut comm, communicator, header, contributions)
+            self.root_round(&mut comm, communicator, header, Ok(contributions))
         } else {
-            self.member_round(&mut comm, communicator, header, contributions)
+            self.member_round(&mut comm, communicator, header, Ok(contributions))
         };
         if let Err(e) = &out {
             comm.failed = Some(e.clone());
@@ -796,12 +818,45 @@ impl World {
         Ok(out?)
     }
 
+    /// Round `round` of `communicator` failed in this process (its devices disagree, say): tell
+    /// the other processes, whose round fails with `error` too instead of waiting for this one.
+    /// Returns the error this process's devices report (`error`, or the communicator's earlier
+    /// failure).
+    pub fn fail_round(
+        &self,
+        communicator: u64,
+        round: u64,
+        error: CollectiveError,
+    ) -> CollectiveError {
+        if self.size() == 1 {
+            return error;
+        }
+        let comm = self.comm(communicator);
+        let mut comm = lock(&comm);
+        if let Some(e) = &comm.failed {
+            return e.clone();
+        }
+        let header = Header {
+            round,
+            dtype: ElemType::U8,
+            op: ReduceOperation::Sum,
+            len: 0,
+        };
+        let _ = if self.rank() == 0 {
+            self.root_round(&mut comm, communicator, header, Err(&error))
+        } else {
+            self.member_round(&mut comm, communicator, header, Err(&error))
+        };
+        comm.failed = Some(error.clone());
+        error
+    }
+
     fn member_round(
         &self,
         comm: &mut Comm,
         communicator: u64,
         header: Header,
-        contributions: &[Vec<u8>],
+        local: Result<&[Vec<u8>], &CollectiveError>,
     ) -> Result<Vec<u8>, CollectiveError> {
         let config = &self.config;
         let start = Instant::now();
@@ -818,14 +873,20 @@ impl World {
         let Some(conn) = comm.root.as_mut() else {
             unreachable!("connected just above")
         };
-        let mut w = Writer::new(ROUND)
-            .u64(header.round)
-            .u8(wire::elem_code(header.dtype))
-            .u8(wire::op_code(header.op))
-            .u64(contributions.len() as u64);
-        for c in contributions {
-            w = w.bytes(c);
-        }
+        let w = match local {
+            Ok(contributions) => {
+                let mut w = Writer::new(ROUND)
+                    .u64(header.round)
+                    .u8(wire::elem_code(header.dtype))
+                    .u8(wire::op_code(header.op))
+                    .u64(contributions.len() as u64);
+                for c in contributions {
+                    w = w.bytes(c);
+                }
+                w
+            }
+            Err(e) => wire::put_error(Writer::new(FAILED).u64(header.round), e),
+        };
         let what = format!(
             "rank 0 to answer round {} of communicator {communicator}",
             header.round
@@ -843,7 +904,7 @@ impl World {
         comm: &mut Comm,
         communicator: u64,
         header: Header,
-        contributions: &[Vec<u8>],
+        local: Result<&[Vec<u8>], &CollectiveError>,
     ) -> Result<Vec<u8>, CollectiveError> {
         let Some(hub) = &self.hub else {
             unreachable!("rank 0 has the hub")
@@ -877,7 +938,7 @@ impl World {
                     .map(|r| s.comm_conns.remove(&(communicator, r)))
                     .collect();
             }
-            let mut inputs: Vec<Vec<u8>> = contributions.to_vec();
+            let mut inputs: Vec<Vec<u8>> = local.map_err(Clone::clone)?.to_vec();
             for rank in 1..n {
                 let Some(conn) = comm.peers[rank].as_mut() else {
                     return Err(CollectiveError::PeerLost {
@@ -896,10 +957,17 @@ impl World {
                     Failure::Closed(reason) => CollectiveError::PeerLost { rank, reason },
                 })?;
                 let mut r = Reader::new(&body);
-                if r.u8()? != ROUND {
-                    return Err(CollectiveError::Protocol(format!(
-                        "rank {rank} sent something else than a round"
-                    )));
+                match r.u8()? {
+                    ROUND => {}
+                    FAILED => {
+                        let _round = r.u64()?;
+                        return Err(wire::get_error(&mut r)?);
+                    }
+                    _ => {
+                        return Err(CollectiveError::Protocol(format!(
+                            "rank {rank} sent something else than a round"
+                        )));
+                    }
                 }
                 let theirs = Header {
                     round: r.u64()?,
@@ -1227,6 +1295,34 @@ mod tests {
                 };
                 assert_eq!(*k, kind);
                 assert_eq!(again, first);
+            }
+        }
+    }
+
+    #[test]
+    fn a_round_failed_in_one_process_fails_every_process() {
+        for failing in [0, 2] {
+            let local = CollectiveError::Mismatch {
+                round: 1,
+                kind: MismatchKind::DType,
+                expected: "f32".into(),
+                found: "i32".into(),
+                participant: "device 0:1".into(),
+            };
+            let expected = local.clone();
+            let out = ranks(3, 3000, move |world| {
+                let world = world.unwrap();
+                let start = Instant::now();
+                let got = if world.rank() == failing {
+                    Err(ServerError::from(world.fail_round(5, 1, local.clone())))
+                } else {
+                    world.all_reduce(5, 1, &[f32s(&[1.0])], ElemType::F32, ReduceOperation::Sum)
+                };
+                (got, start.elapsed())
+            });
+            for (got, took) in out {
+                assert_eq!(got, Err(ServerError::Collective(expected.clone())));
+                assert!(took < Duration::from_secs(2), "took {took:?}");
             }
         }
     }

@@ -51,6 +51,24 @@ pub const SETTINGS: &[Setting] = &[
         "a positive number",
     ),
     setting(
+        "COMPUTE_CPU_JIT",
+        "compile CPU kernels to machine code (cranelift); 0 runs the interpreter",
+        "on",
+        "0 or 1",
+    ),
+    setting(
+        "COMPUTE_CPU_JIT_LOG",
+        "log each CPU kernel's JIT compile time and each fallback to the interpreter on stderr",
+        "off",
+        "0 or 1",
+    ),
+    setting(
+        "COMPUTE_CPU_SIMD",
+        "the instruction set of both CPU paths: baseline forces plain SSE2 / no optional features (to test CPUs without AVX2)",
+        "what the CPU reports (AVX2, FMA, AVX-512F, NEON)",
+        "baseline",
+    ),
+    setting(
         "COMPUTE_WGPU_DEVICES",
         "number of logical wgpu devices (spread over the adapters)",
         "the number of adapters, at least 2",

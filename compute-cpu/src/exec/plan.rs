@@ -321,7 +321,7 @@ pub(crate) fn compile_with(def: &KernelDefinition, use_jit: bool) -> Result<Plan
     let (jit, jit_fallback) = if use_jit {
         match jit::compile(def) {
             Ok(k) => {
-                if std::env::var("COMPUTE_CPU_JIT_LOG").is_ok_and(|v| v == "1") {
+                if compute_core::env::flag("COMPUTE_CPU_JIT_LOG", false) {
                     eprintln!(
                         "compute-cpu: kernel `{}` compiled to machine code in {:.0} us",
                         def.name(),
@@ -331,7 +331,7 @@ pub(crate) fn compile_with(def: &KernelDefinition, use_jit: bool) -> Result<Plan
                 (Some(Arc::new(k)), None)
             }
             Err(why) => {
-                if std::env::var("COMPUTE_CPU_JIT_LOG").is_ok_and(|v| v == "1") {
+                if compute_core::env::flag("COMPUTE_CPU_JIT_LOG", false) {
                     eprintln!(
                         "compute-cpu: kernel `{}` runs on the interpreter: {why}",
                         def.name()

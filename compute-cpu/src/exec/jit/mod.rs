@@ -130,7 +130,7 @@ impl Features {
 pub fn features() -> Features {
     static F: OnceLock<Features> = OnceLock::new();
     *F.get_or_init(|| {
-        if std::env::var("COMPUTE_CPU_SIMD").is_ok_and(|v| v == "baseline") {
+        if compute_core::env::text("COMPUTE_CPU_SIMD").is_some_and(|v| v.trim() == "baseline") {
             return Features {
                 forced_baseline: true,
                 ..Features::default()
@@ -166,7 +166,7 @@ pub fn features() -> Features {
 /// Whether launches use the JIT (`COMPUTE_CPU_JIT=0` turns it off), read once.
 pub fn enabled() -> bool {
     static ON: OnceLock<bool> = OnceLock::new();
-    *ON.get_or_init(|| !std::env::var("COMPUTE_CPU_JIT").is_ok_and(|v| v == "0"))
+    *ON.get_or_init(|| compute_core::env::flag("COMPUTE_CPU_JIT", true))
 }
 
 fn isa() -> Result<OwnedTargetIsa, String> {

@@ -88,6 +88,21 @@ pub enum ServerError {
     Collective(#[from] crate::collective::CollectiveError),
 }
 
+impl ServerError {
+    /// `what` (a sync, a read, an allocation...) asked on `stream` while a graph capture runs
+    /// there: the one wording of this rule for every backend.
+    pub fn capture_running(what: &str, stream: crate::StreamId) -> Self {
+        ServerError::Capture(format!(
+            "{what} on {stream} while a graph capture is running"
+        ))
+    }
+
+    /// `stop_capture` on a stream where no capture was started: the one wording for every backend.
+    pub fn capture_not_started(stream: crate::StreamId) -> Self {
+        ServerError::Capture(format!("stop_capture on {stream} without start_capture"))
+    }
+}
+
 /// An error returned by [`ComputeClient::profile`](crate::ComputeClient::profile).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ProfileError {

@@ -266,9 +266,7 @@ impl CpuServer {
 
     fn ensure_not_capturing(&mut self, stream: StreamId, what: &str) -> Result<(), ServerError> {
         if self.stream(stream)?.capture.is_some() {
-            return Err(ServerError::Capture(format!(
-                "{what} on {stream} while a graph capture is running"
-            )));
+            return Err(ServerError::capture_running(what, stream));
         }
         Ok(())
     }
@@ -668,9 +666,10 @@ impl ComputeServer for CpuServer {
 
     fn end_capture(&mut self, stream: StreamId) -> Result<GraphId, ServerError> {
         let state = self.stream(stream)?;
-        let launches = state.capture.take().ok_or_else(|| {
-            ServerError::InvalidArgument(format!("stop_capture on {stream} without start_capture"))
-        })?;
+        let launches = state
+            .capture
+            .take()
+            .ok_or_else(|| ServerError::capture_not_started(stream))?;
         state.memory.mode(MemoryAllocationMode::Auto);
         let id = GraphId::fresh();
         self.graphs.insert(id, CpuGraph { stream, launches });

@@ -798,9 +798,7 @@ impl CudaServer {
 
     fn ensure_not_capturing(&mut self, stream: StreamId, what: &str) -> Result<(), ServerError> {
         if self.stream(stream)?.capture.is_some() {
-            return Err(ServerError::Capture(format!(
-                "{what} on {stream} while a graph capture is running"
-            )));
+            return Err(ServerError::capture_running(what, stream));
         }
         Ok(())
     }
@@ -1655,9 +1653,10 @@ impl ComputeServer for CudaServer {
         // would leave the capture running).
         self.settle_quietly();
         let state = self.stream(stream)?;
-        let holds = state.capture.take().ok_or_else(|| {
-            ServerError::InvalidArgument(format!("stop_capture on {stream} without start_capture"))
-        })?;
+        let holds = state
+            .capture
+            .take()
+            .ok_or_else(|| ServerError::capture_not_started(stream))?;
         state.memory.mode(MemoryAllocationMode::Auto);
         // SAFETY: the stream is capturing (begun in `begin_capture`).
         let graph = unsafe { result::stream::end_capture(state.raw.0) }.map_err(|e| {

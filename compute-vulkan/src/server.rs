@@ -581,9 +581,7 @@ impl VulkanServer {
 
     fn ensure_not_capturing(&self, stream: StreamId, what: &str) -> Result<(), ServerError> {
         if self.capturing(stream) {
-            return Err(ServerError::Capture(format!(
-                "{what} on {stream} while a graph capture is running"
-            )));
+            return Err(ServerError::capture_running(what, stream));
         }
         Ok(())
     }
@@ -1451,9 +1449,10 @@ impl ComputeServer for VulkanServer {
 
     fn end_capture(&mut self, stream: StreamId) -> Result<GraphId, ServerError> {
         let state = self.stream(stream)?;
-        let mut capture = state.capture.take().ok_or_else(|| {
-            ServerError::InvalidArgument(format!("stop_capture on {stream} without start_capture"))
-        })?;
+        let mut capture = state
+            .capture
+            .take()
+            .ok_or_else(|| ServerError::capture_not_started(stream))?;
         state.memory.mode(MemoryAllocationMode::Auto);
         self.captures -= 1;
         // SAFETY: the capture's command buffer is recording.

@@ -3,8 +3,10 @@
 //! its output by a submission of the collective worker. The bookkeeping (groups, round numbers,
 //! pending outputs, the worker, errors) is compute-core's [`HostCollectives`].
 //!
-//! One worker thread per server runs the rounds in issue order, off the server lock (a round waits
-//! for the other devices of its group). Until a round's output copy has completed, later work on
+//! One worker thread per group runs that group's rounds in issue order, off the server lock (a
+//! round waits for the other devices of its group). One worker per server would deadlock two
+//! groups issued in different orders on two devices: each worker would wait, in its first round,
+//! for a device whose worker waits for the other group. Until a round's output copy has completed, later work on
 //! the server that touches that output waits for it (in `resolve`).
 
 use std::sync::Arc;
@@ -16,7 +18,6 @@ use compute_core::{Binding, DeviceId, ElemType, ReduceOperation, ServerError};
 
 use crate::batch::{CommandPool, Staging, barrier};
 use crate::context::Context;
-use crate::server::ErrorQueue;
 use crate::storage::VulkanResource;
 
 /// One device's part of an all-reduce, handed to the worker.
@@ -36,8 +37,8 @@ pub(crate) struct Round {
     pub(crate) dst_binding: Binding,
 }
 
-/// The collective state of one server: compute-core's bookkeeping, with one worker.
-pub(crate) type Collectives = HostCollectives<(), Round>;
+/// The collective state of one server: compute-core's bookkeeping, with a worker per group.
+pub(crate) type Collectives = HostCollectives<Vec<DeviceId>, Round>;
 
 /// The name of the worker thread.
 const WORKER: &str = "compute-vulkan collectives";
@@ -62,23 +63,13 @@ pub(crate) fn submit(
     round: Round,
 ) -> Result<(), ServerError> {
     let slice = round.dst_binding.handle().memory().id();
-    collectives.submit(&(), slice, round, WORKER, round_runner(ctx, family))
+    let group = round.group.clone();
+    collectives.submit(&group, slice, round, WORKER, round_runner(ctx, family))
 }
 
-/// A receiver that completes once every round queued so far has finished, with the first error
-/// they raised (the worker is started first, as a round would start it).
-pub(crate) fn marker(
-    collectives: &mut Collectives,
-    ctx: &Arc<Context>,
-    family: u32,
-    errors: &ErrorQueue,
-) -> Receiver<Result<(), ServerError>> {
-    if let Err(e) = collectives.start_worker(&(), WORKER, round_runner(ctx, family)) {
-        errors.lock().push_back(e.clone());
-        let (tx, rx) = compute_core::future::oneshot();
-        tx.send(Err(e));
-        return rx;
-    }
+/// A receiver that completes once every round queued so far (on every group's worker) has
+/// finished, with the first error they raised.
+pub(crate) fn marker(collectives: &mut Collectives) -> Receiver<Result<(), ServerError>> {
     collectives.marker()
 }
 

@@ -1638,8 +1638,7 @@ impl ComputeServer for VulkanServer {
     }
 
     fn sync_collective(&mut self, _stream: StreamId) -> DynFut<Result<(), ServerError>> {
-        let rx =
-            crate::collective::marker(&mut self.collectives, &self.ctx, self.family, &self.errors);
+        let rx = crate::collective::marker(&mut self.collectives);
         Box::pin(async move {
             rx.await
                 .unwrap_or_else(|| Err(ServerError::Driver("the collective worker stopped".into())))

@@ -151,7 +151,6 @@ macro_rules! for_each_test {
             collective::all_reduce_orders_with_compute,
             collective::collective_errors,
             collective::all_reduce_mismatch_fails_every_participant,
-            collective::two_groups_issued_in_different_orders,
             profile::profile_measures_work,
             profile::measure_throughput_reports,
             profile::measure_launch_overhead_samples,

@@ -274,30 +274,11 @@ impl<'a, 'b> Emitter<'a, 'b> {
     pub(super) fn run(mut self) -> R<(Layout, PlaneSteps)> {
         if let Some(r) = self.ret_off {
             // Every unit starts the cube not returned.
-            let units = self.def.cube_size();
-            let uvar = self.b.declare_var(types::I32);
-            let zero = self.iconst(types::I32, 0);
-            self.b.def_var(uvar, zero);
-            let (head, exit) = (self.b.create_block(), self.b.create_block());
-            self.b.ins().jump(head, &[]);
-            self.b.switch_to_block(head);
-            let u = self.b.use_var(uvar);
-            let u64_ = self.b.ins().uextend(types::I64, u);
-            let off = self
-                .b
-                .ins()
-                .imul_imm_s(u64_, self.layout.unit_stride as i64);
-            let base = self.b.ins().iadd(self.state, off);
-            let z8 = self.iconst(types::I8, 0);
-            self.b.ins().store(mem(), z8, base, r as i32);
-            let u1 = self.b.ins().iadd_imm_s(u, 1);
-            self.b.def_var(uvar, u1);
-            let more = self
-                .b
-                .ins()
-                .icmp_imm_s(IntCC::UnsignedLessThan, u1, units as i64);
-            self.b.ins().brif(more, head, &[], exit, &[]);
-            self.b.switch_to_block(exit);
+            self.each_unit(|s, base| {
+                let z8 = s.iconst(types::I8, 0);
+                s.b.ins().store(mem(), z8, base, r as i32);
+                Ok(())
+            })?;
         }
         let tree = &self.an.tree;
         self.cube_nodes(tree)?;

@@ -190,6 +190,11 @@ struct Round {
 pub struct HostRendezvous {
     rounds: Mutex<HashMap<(Vec<DeviceId>, u64), Round>>,
     arrived: Condvar,
+    /// The last round number each device issued in each group. It lives here, with the process,
+    /// not in the device's server: a server replaced by `ComputeClient::init` carries on from
+    /// the group's round instead of starting again at 1 while the other devices are further on
+    /// (which would leave both sides waiting for a round the other never joins).
+    issued: Mutex<HashMap<(Vec<DeviceId>, DeviceId), u64>>,
 }
 
 /// How long a device waits for the rest of its group before the collective fails, unless
@@ -260,7 +265,21 @@ impl HostRendezvous {
         GLOBAL.get_or_init(|| HostRendezvous {
             rounds: Mutex::new(HashMap::new()),
             arrived: Condvar::new(),
+            issued: Mutex::new(HashMap::new()),
         })
+    }
+
+    /// The next round number `device` takes part in for `group` (the first is 1), counted for
+    /// the process: every server of the device, a replaced one and its successor included,
+    /// draws from the same counter. Call it once the round is sure to be contributed.
+    pub fn next_round(&self, group: &[DeviceId], device: DeviceId) -> u64 {
+        let mut group = group.to_vec();
+        group.sort();
+        group.dedup();
+        let mut issued = self.issued.lock().unwrap_or_else(|p| p.into_inner());
+        let round = issued.entry((group, device)).or_insert(0);
+        *round += 1;
+        *round
     }
 
     /// Note that `group` is set up, so that it gets its communicator number in the joined world
@@ -480,7 +499,6 @@ struct Worker<R> {
 /// touches its output slice.
 pub struct HostCollectives<K, R> {
     groups: BTreeSet<Vec<DeviceId>>,
-    rounds: HashMap<Vec<DeviceId>, u64>,
     pending: Arc<Pending>,
     workers: HashMap<K, Worker<R>>,
     errors: Arc<ErrorList>,
@@ -490,7 +508,6 @@ impl<K, R> Default for HostCollectives<K, R> {
     fn default() -> Self {
         Self {
             groups: BTreeSet::new(),
-            rounds: HashMap::new(),
             pending: Arc::default(),
             workers: HashMap::new(),
             errors: Arc::default(),
@@ -510,11 +527,10 @@ impl<K: Eq + Hash + Clone, R: Send + 'static> HostCollectives<K, R> {
         self.groups.contains(group)
     }
 
-    /// The next round number of `group` (the first is 1).
-    pub fn next_round(&mut self, group: &[DeviceId]) -> u64 {
-        let round = self.rounds.entry(group.to_vec()).or_insert(0);
-        *round += 1;
-        *round
+    /// The next round number of `device` in `group` (the first is 1): see
+    /// [`HostRendezvous::next_round`], which keeps the count for the process.
+    pub fn next_round(&self, group: &[DeviceId], device: DeviceId) -> u64 {
+        HostRendezvous::global().next_round(group, device)
     }
 
     /// Block until no queued round writes `slice`.
@@ -659,14 +675,23 @@ mod tests {
 
         type Round = (u32, Result<(), ServerError>);
         let mut c: HostCollectives<u8, Round> = HostCollectives::default();
-        let (a, b) = (vec![DeviceId::new(0, 0)], vec![DeviceId::new(0, 1)]);
+        // Devices of a type no other test uses: the round counters are the process's.
+        let (d0, d1) = (DeviceId::new(901, 0), DeviceId::new(901, 1));
+        let (a, b) = (vec![d0], vec![d1]);
         assert!(!c.is_init(&a));
         c.init(a.clone());
         assert!(c.is_init(&a) && !c.is_init(&b));
         assert_eq!(
-            (c.next_round(&a), c.next_round(&a), c.next_round(&b)),
+            (
+                c.next_round(&a, d0),
+                c.next_round(&a, d0),
+                c.next_round(&b, d1)
+            ),
             (1, 2, 1)
         );
+        // A second state for the same device (a replaced server) carries on from the count.
+        let fresh: HostCollectives<u8, Round> = HostCollectives::default();
+        assert_eq!(fresh.next_round(&a, d0), 3);
 
         // Rounds run in issue order, off this thread; wait_for blocks until the round that
         // writes the slice has finished.

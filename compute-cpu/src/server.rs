@@ -138,7 +138,6 @@ pub struct CpuServer {
     /// One communication stream per collective group, like one NCCL communicator each: two
     /// groups sharing a queue could deadlock (each device waiting in a different group's round).
     comm_streams: BTreeMap<Vec<DeviceId>, StreamId>,
-    collective_rounds: HashMap<Vec<DeviceId>, u64>,
 }
 
 impl CpuServer {
@@ -159,7 +158,6 @@ impl CpuServer {
             graphs: HashMap::new(),
             profiles: ProfileTable::default(),
             comm_streams: BTreeMap::new(),
-            collective_rounds: HashMap::new(),
         }
     }
 
@@ -757,10 +755,8 @@ impl ComputeServer for CpuServer {
         }
         let source = self.resolve(&src)?;
         let target = self.resolve(&dst)?;
-        let round = self.collective_rounds.entry(group.clone()).or_insert(0);
-        *round += 1;
-        let round = *round;
         let me = self.owner.device;
+        let round = HostRendezvous::global().next_round(&group, me);
         let (keep_src, keep_dst) = (src.clone(), dst.clone());
         let command: Command = Box::new(move || {
             let _alive = (&keep_src, &keep_dst);

@@ -1,6 +1,7 @@
 //! The CUDA server: a stream per `StreamId`, pools over device memory, a module cache, graphs by
 //! stream capture, NCCL collectives and event-timed profiles.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use compute_core::copy::Stores;
@@ -8,7 +9,7 @@ use compute_core::error::LaunchError;
 use compute_core::future::DynFut;
 use compute_core::graph::GraphId;
 use compute_core::handle::{HandleOwner, StreamPoint};
-use compute_core::kernel::{KernelId, ScalarValue};
+use compute_core::kernel::KernelId;
 use compute_core::layout::{contiguous_strides, pack_tensors};
 use compute_core::memory::{
     MemoryAllocationMode, MemoryManagement, MemoryPoolsConfig, MemoryUsage, PoolConfigError,
@@ -694,7 +695,10 @@ pub struct CudaServer {
     graphs: HashMap<GraphId, CudaGraph>,
     profiles: HashMap<u64, Raw<sys::CUevent>>,
     next_profile: u64,
-    comm_stream: StreamId,
+    /// One communication stream per group: NCCL calls of two groups issued in different orders
+    /// on two devices would deadlock on one shared stream (each device's first call waits for a
+    /// peer whose stream is blocked behind the other group's call).
+    comm_streams: BTreeMap<Vec<DeviceId>, StreamId>,
     collective_groups: Vec<Vec<DeviceId>>,
 }
 
@@ -745,7 +749,7 @@ impl CudaServer {
             graphs: HashMap::new(),
             profiles: HashMap::new(),
             next_profile: 1,
-            comm_stream: StreamId::fresh(),
+            comm_streams: BTreeMap::new(),
             collective_groups: Vec::new(),
         })
     }
@@ -1252,24 +1256,6 @@ impl CudaServer {
 /// Bytes of one launch parameter slot (the biggest parameter is a `Meta`).
 const SLOT_WORDS: usize = META_BYTES.div_ceil(8);
 
-fn scalar_bits(value: &ScalarValue) -> u64 {
-    match *value {
-        ScalarValue::Bool(b) => u64::from(b),
-        ScalarValue::I8(v) => u64::from(v as u8),
-        ScalarValue::I16(v) => u64::from(v as u16),
-        ScalarValue::I32(v) => u64::from(v as u32),
-        ScalarValue::I64(v) => v as u64,
-        ScalarValue::U8(v) => u64::from(v),
-        ScalarValue::U16(v) => u64::from(v),
-        ScalarValue::U32(v) => u64::from(v),
-        ScalarValue::U64(v) => v,
-        ScalarValue::F16(v) => u64::from(v.to_bits()),
-        ScalarValue::BF16(v) => u64::from(v.to_bits()),
-        ScalarValue::F32(v) => u64::from(v.to_bits()),
-        ScalarValue::F64(v) => v.to_bits(),
-    }
-}
-
 fn meta_slot(shape: &[usize], strides: &[usize]) -> Result<[u64; SLOT_WORDS], ServerError> {
     if shape.len() > MAX_RANK || strides.len() != shape.len() {
         return Err(ServerError::InvalidArgument(format!(
@@ -1426,7 +1412,7 @@ impl ComputeServer for CudaServer {
         }
         for value in &arguments.scalars {
             let mut slot = [0u64; SLOT_WORDS];
-            slot[0] = scalar_bits(value);
+            slot[0] = value.native_bits();
             slots.push(slot);
         }
         let mut params: Vec<*mut core::ffi::c_void> =
@@ -1845,7 +1831,10 @@ impl ComputeServer for CudaServer {
         let target = self.resolve(&dst)?;
         // The communication stream runs after the work of `stream` issued so far.
         self.stream(stream)?;
-        let comm_stream = self.comm_stream;
+        let comm_stream = *self
+            .comm_streams
+            .entry(group.clone())
+            .or_insert_with(StreamId::fresh);
         let user_seq = self.streams.get(&stream).map_or(0, |s| s.seq);
         if let Some(event) = self.marker(stream, user_seq)? {
             let raw = self.stream(comm_stream)?.raw;
@@ -1872,8 +1861,14 @@ impl ComputeServer for CudaServer {
     }
 
     fn sync_collective(&mut self, _stream: StreamId) -> DynFut<Result<(), ServerError>> {
-        let comm = self.comm_stream;
-        self.sync(comm)
+        let comms: Vec<StreamId> = self.comm_streams.values().copied().collect();
+        let waits: Vec<_> = comms.into_iter().map(|c| self.sync(c)).collect();
+        Box::pin(async move {
+            for wait in waits {
+                wait.await?;
+            }
+            Ok(())
+        })
     }
 }
 
@@ -1991,8 +1986,6 @@ mod tests {
 
     #[test]
     fn launch_parameters_are_little_endian_words() {
-        assert_eq!(scalar_bits(&ScalarValue::I8(-1)), 0xff);
-        assert_eq!(scalar_bits(&ScalarValue::F32(1.0)), 0x3f80_0000);
         let slot = meta_slot(&[3, 4], &[4, 1]).unwrap();
         let words: &[u32] = bytemuck::cast_slice(&slot);
         assert_eq!(&words[..3], &[2, 3, 4]);

@@ -3,7 +3,10 @@
 //! port). Each rank checks its own results or its exact error; the launch checks every rank's exit
 //! status. `cargo xtask test-all` runs this target as its own row (`cpu-processes`); the
 //! `wgpu_` and `vulkan_` tests run the same ranks on those backends when they are built in (and
-//! test-all skips them when the probe does not find the backend).
+//! test-all skips them when the probe does not find the backend). `cuda_` runs a world of one
+//! process through the rendezvous (rank 0's store, `ncclGetUniqueId` through it,
+//! `ncclCommInitRank`): one GPU cannot hold two NCCL ranks of different processes, so the
+//! multi-process NCCL run needs a machine with several GPUs.
 #![cfg(feature = "cpu")]
 
 use std::time::{Duration, Instant};
@@ -154,7 +157,7 @@ fn a_missing_variable_is_a_clean_error() {
 }
 
 /// The same ranks on a GPU backend: the host-staged path is compute-core's, shared with the CPU.
-#[cfg(any(feature = "wgpu", feature = "vulkan"))]
+#[cfg(any(feature = "wgpu", feature = "vulkan", feature = "cuda"))]
 fn gpu_backend(backend: &str, n: usize, scenario: &str) {
     let out = run(n, "--backend", &[backend, scenario], |spec| {
         spec.env.retain(|(k, _)| k != "COMPUTE_CPU_DEVICES");
@@ -191,4 +194,12 @@ fn vulkan_two_processes_sum_and_mean_exact() {
 #[test]
 fn vulkan_two_processes_mismatch_fails_every_rank() {
     gpu_backend("vulkan", 2, "mismatch");
+}
+
+/// A world of one process on CUDA: the NCCL communicator comes from `ncclCommInitRank` with the
+/// unique id exchanged through rank 0's store, and every collective of the scenario is exact.
+#[cfg(feature = "cuda")]
+#[test]
+fn cuda_one_process_world_through_the_rendezvous() {
+    gpu_backend("cuda", 1, "sum_mean");
 }

@@ -15,7 +15,7 @@ use ash::vk;
 use compute_core::future::DynFut;
 use compute_core::graph::GraphId;
 use compute_core::handle::{BufferArgument, HandleOwner};
-use compute_core::kernel::{KernelId, ScalarValue};
+use compute_core::kernel::KernelId;
 use compute_core::layout::{contiguous_strides, for_each_row, pack_tensors};
 use compute_core::memory::{
     MemoryAllocationMode, MemoryDeviceProperties, MemoryManagement, MemoryPoolsConfig, MemoryUsage,
@@ -224,25 +224,6 @@ fn strided_span(shape: &[usize], strides: &[usize], elem_size: usize) -> usize {
     }
     let last: usize = shape.iter().zip(strides).map(|(n, s)| (n - 1) * s).sum();
     (last + 1) * elem_size
-}
-
-fn scalar_words(value: &ScalarValue) -> [u32; 2] {
-    let wide = |bits: u64| [bits as u32, (bits >> 32) as u32];
-    match *value {
-        ScalarValue::Bool(b) => [u32::from(b), 0],
-        ScalarValue::I8(x) => [x as i32 as u32, 0],
-        ScalarValue::I16(x) => [x as i32 as u32, 0],
-        ScalarValue::I32(x) => [x as u32, 0],
-        ScalarValue::U8(x) => [u32::from(x), 0],
-        ScalarValue::U16(x) => [u32::from(x), 0],
-        ScalarValue::U32(x) => [x, 0],
-        ScalarValue::F16(x) => [u32::from(x.to_bits()), 0],
-        ScalarValue::BF16(x) => [u32::from(x.to_bits()), 0],
-        ScalarValue::F32(x) => [x.to_bits(), 0],
-        ScalarValue::I64(x) => wide(x as u64),
-        ScalarValue::U64(x) => wide(x),
-        ScalarValue::F64(x) => wide(x.to_bits()),
-    }
 }
 
 fn saturate(x: u64) -> u32 {
@@ -1253,7 +1234,7 @@ impl ComputeServer for VulkanServer {
         words.clear();
         words.resize(args.words as usize, 0);
         for (value, &at) in arguments.scalars.iter().zip(&args.scalar_words) {
-            let w = scalar_words(value);
+            let w = value.word_bits();
             words[at as usize] = w[0];
             if value.elem_type().size() == 8 {
                 words[at as usize + 1] = w[1];
@@ -1620,7 +1601,7 @@ impl ComputeServer for VulkanServer {
             Some(self.stage_read(source.buffer, &[region], source.size)?)
         };
         let value = self.submit_or_last()?;
-        let seq = self.collectives.next_round(&group);
+        let seq = self.collectives.next_round(&group, self.owner.device);
         let round = Round {
             ctx: self.ctx.clone(),
             value,

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use compute_core::future::{DynFut, oneshot};
 use compute_core::graph::GraphId;
 use compute_core::handle::{BufferArgument, HandleOwner};
-use compute_core::kernel::{KernelId, ScalarValue};
+use compute_core::kernel::KernelId;
 use compute_core::layout::{contiguous_strides, for_each_row, pack_tensors};
 use compute_core::memory::{
     MemoryAllocationMode, MemoryDeviceProperties, MemoryManagement, MemoryPoolsConfig, MemoryUsage,
@@ -317,25 +317,6 @@ pub(crate) fn write_padded(
     }
     write_part(target, offset, 0, data.len())?.apply(queue, &target.buffer, data);
     Ok(())
-}
-
-fn scalar_words(value: &ScalarValue) -> [u32; 2] {
-    let wide = |bits: u64| [bits as u32, (bits >> 32) as u32];
-    match *value {
-        ScalarValue::Bool(b) => [u32::from(b), 0],
-        ScalarValue::I8(x) => [x as i32 as u32, 0],
-        ScalarValue::I16(x) => [x as i32 as u32, 0],
-        ScalarValue::I32(x) => [x as u32, 0],
-        ScalarValue::U8(x) => [u32::from(x), 0],
-        ScalarValue::U16(x) => [u32::from(x), 0],
-        ScalarValue::U32(x) => [x, 0],
-        ScalarValue::F16(x) => [u32::from(x.to_bits()), 0],
-        ScalarValue::BF16(x) => [u32::from(x.to_bits()), 0],
-        ScalarValue::F32(x) => [x.to_bits(), 0],
-        ScalarValue::I64(x) => wide(x as u64),
-        ScalarValue::U64(x) => wide(x),
-        ScalarValue::F64(x) => wide(x.to_bits()),
-    }
 }
 
 fn saturate(x: u64) -> u32 {
@@ -757,7 +738,7 @@ impl WgpuServer {
             .words
             .resize(start + layout.fixed_words as usize, 0u32);
         for (value, &offset) in arguments.scalars.iter().zip(&layout.scalar_offsets) {
-            let words = scalar_words(value);
+            let words = value.word_bits();
             let at = start + offset as usize;
             self.batch.words[at] = words[0];
             if value.elem_type().size() == 8 {
@@ -1593,7 +1574,7 @@ impl ComputeServer for WgpuServer {
         let index = self.submit_always()?;
         let mapped = map_read(&staging);
         self.poller.wait(index, None);
-        let seq = self.collectives.next_round(&group);
+        let seq = self.collectives.next_round(&group, self.owner.device);
         let round = Round {
             mapped,
             staging,

@@ -376,23 +376,9 @@ pub(crate) fn compile_with(def: &KernelDefinition, use_jit: bool) -> Result<Plan
     })
 }
 
-/// The bits of a scalar, as its register stores them.
+/// The bits of a scalar, as its register stores them (compute-core's one encoding).
 pub(crate) fn scalar_bits(v: ScalarValue) -> u64 {
-    match v {
-        ScalarValue::Bool(b) => b as u64,
-        ScalarValue::I8(x) => x as u8 as u64,
-        ScalarValue::I16(x) => x as u16 as u64,
-        ScalarValue::I32(x) => x as u32 as u64,
-        ScalarValue::I64(x) => x as u64,
-        ScalarValue::U8(x) => x as u64,
-        ScalarValue::U16(x) => x as u64,
-        ScalarValue::U32(x) => x as u64,
-        ScalarValue::U64(x) => x,
-        ScalarValue::F16(x) => x.to_bits() as u64,
-        ScalarValue::BF16(x) => x.to_bits() as u64,
-        ScalarValue::F32(x) => x.to_bits() as u64,
-        ScalarValue::F64(x) => x.to_bits(),
-    }
+    v.native_bits()
 }
 
 struct Compiler<'a> {

@@ -236,3 +236,78 @@ pub fn all_reduce_mismatch_fails_every_participant<R: Runtime>(client: ComputeCl
         std::panic::resume_unwind(panic);
     }
 }
+/// Two groups issued in different orders on different devices: device 0 issues group A then
+/// group B, device 1 issues B then A, device 2 is in B only. With one collective worker per
+/// device this deadlocks (each worker's first round waits for a device whose worker is busy with
+/// the other group); every backend must run each group on its own.
+pub fn two_groups_issued_in_different_orders<R: Runtime>(client: ComputeClient<R>) {
+    let _serial = serial();
+    let Some(ids) =
+        devices_or_single_device_check(&client, 3, "two_groups_issued_in_different_orders")
+    else {
+        return;
+    };
+    let a: Vec<DeviceId> = ids[..2].to_vec();
+    let b: Vec<DeviceId> = ids.clone();
+    let mut clients: Vec<ComputeClient<R>> = ids.iter().map(|&d| client_of::<R>(d)).collect();
+    for (i, c) in clients.iter_mut().enumerate() {
+        if i < 2 {
+            c.ensure_init_collective(a.clone());
+        }
+        c.ensure_init_collective(b.clone());
+    }
+    let n = 256;
+    let mut outputs = Vec::new();
+    for (rank, c) in clients.iter_mut().enumerate() {
+        // One source per group: two reads of one buffer from two collective streams are
+        // ordered one after the other by the access log, which would chain the groups.
+        let src_a = c.create(f32_bytes(&ramp(n, rank as f32 + 1.0)));
+        let src_b = c.create(f32_bytes(&ramp(n, rank as f32 + 1.0)));
+        let in_a = c.empty(n * 4);
+        let in_b = c.empty(n * 4);
+        let reduce_a = |c: &mut ComputeClient<R>| {
+            c.all_reduce(
+                src_a.clone(),
+                in_a.clone(),
+                ElemType::F32,
+                a.clone(),
+                ReduceOperation::Sum,
+            )
+        };
+        let reduce_b = |c: &mut ComputeClient<R>| {
+            c.all_reduce(
+                src_b.clone(),
+                in_b.clone(),
+                ElemType::F32,
+                b.clone(),
+                ReduceOperation::Sum,
+            )
+        };
+        match rank {
+            0 => {
+                reduce_a(c);
+                reduce_b(c);
+            }
+            1 => {
+                reduce_b(c);
+                reduce_a(c);
+            }
+            _ => reduce_b(c),
+        }
+        outputs.push((in_a, in_b));
+    }
+    for (rank, (c, (in_a, in_b))) in clients.iter().zip(outputs).enumerate() {
+        c.sync_collective();
+        c.flush().unwrap();
+        let got_b = c.read_one(in_b).unwrap().to_elems::<f32>();
+        for (i, v) in got_b.iter().enumerate() {
+            assert_eq!(*v, i as f32 * 6.0, "group B on device {rank}");
+        }
+        if rank < 2 {
+            let got_a = c.read_one(in_a).unwrap().to_elems::<f32>();
+            for (i, v) in got_a.iter().enumerate() {
+                assert_eq!(*v, i as f32 * 3.0, "group A on device {rank}");
+            }
+        }
+    }
+}

@@ -215,6 +215,58 @@ pub fn ir_types_scalar_every_elem<R: Runtime>(client: ComputeClient<R>) {
     }
 }
 
+/// One small-integer scalar, widened in the kernel: `[s as i32, s as f32 as i32]`, where the
+/// first cast must follow the scalar's sign (an `i8` of -7 is -7, a `u8` of 250 is 250).
+fn small_scalar_case<R: Runtime, T>(client: &ComputeClient<R>, v: T, want: i32)
+where
+    T: Elem + Into<ScalarValue> + Copy,
+{
+    let elem = T::ELEM;
+    let mut k = KernelBuilder::new(&format!("ir_small_scalar_{elem}"), [1, 1, 1]);
+    let out = k.output("out", ElemType::I32, 1);
+    let s = k.scalar("s", elem);
+    let wide = k.cast(s, ElemType::I32);
+    k.store(out, 0u32, wide);
+    let f = k.cast(s, ElemType::F32);
+    let back = k.cast(f, ElemType::I32);
+    k.store(out, 1u32, back);
+    let def = build(k);
+    let h = zeros::<R, i32>(client, 2);
+    launch(
+        client,
+        &def,
+        [1, 1, 1],
+        KernelArguments::new().buffer(h.clone().binding()).scalar(v),
+    );
+    if !feature_gate(client, client.features().supports(elem), elem.name()) {
+        return;
+    }
+    assert_same(
+        &download::<R, i32>(client, &h),
+        &[want, want],
+        &format!("scalar {elem} widened to i32 and through f32"),
+    );
+}
+
+/// Small-integer scalars (i8, i16, u8, u16), negative values and the extremes included, reach
+/// the kernel with their value: widened to `i32` (and through `f32`) they keep their sign, on
+/// every backend. The backends pass them in two encodings (a native-width parameter, or a
+/// 32-bit shader word) written once in compute-core (`ScalarValue::native_bits`, `word_bits`).
+pub fn ir_types_small_int_scalars_keep_their_sign<R: Runtime>(client: ComputeClient<R>) {
+    for v in [-7i8, -128, 127, -1] {
+        small_scalar_case(&client, v, i32::from(v));
+    }
+    for v in [-300i16, -32768, 32767, -1] {
+        small_scalar_case(&client, v, i32::from(v));
+    }
+    for v in [250u8, 128, 255] {
+        small_scalar_case(&client, v, i32::from(v));
+    }
+    for v in [65000u16, 32768, 65535] {
+        small_scalar_case(&client, v, i32::from(v));
+    }
+}
+
 /// Bool logic: `and`, `or`, `not`, `eq`, `ne` (xor), `select` on bools, over every pair. Exact.
 pub fn ir_types_bool_logic<R: Runtime>(client: ComputeClient<R>) {
     let a: Vec<u8> = vec![0, 0, 1, 1];

@@ -68,13 +68,24 @@ impl StorageHandle {
     }
 }
 
+/// The byte range a [`ComputeStorage::Resource`] stands for, in terms every backend can give:
+/// what `get_resource` returns can be checked against the handle it came from.
+pub trait ResourceRange {
+    /// Length of the range in bytes (the handle's size).
+    fn range_len(&self) -> u64;
+    /// Position of the range's first byte: the address on backends with flat addresses (a host
+    /// pointer on the CPU, a device pointer on CUDA), the offset in the block's buffer on wgpu and
+    /// Vulkan. Two ranges of one block are as far apart as their handles' offsets.
+    fn range_start(&self) -> u64;
+}
+
 /// The raw allocator of a backend: big blocks straight from the driver.
 ///
 /// Implementations do no pooling; [`MemoryManagement`](crate::memory::MemoryManagement) carves the
 /// blocks into slices. Every call is made with the server lock held, from one thread at a time.
 pub trait ComputeStorage: Send + 'static {
     /// What a byte range resolves to on this backend (a pointer and length, a buffer and offset).
-    type Resource: Send + Clone + core::fmt::Debug;
+    type Resource: Send + Clone + core::fmt::Debug + ResourceRange;
 
     /// Alignment, in bytes, that every slice offset inside a block must have.
     fn alignment(&self) -> u64;

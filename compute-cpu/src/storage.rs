@@ -124,3 +124,13 @@ impl Drop for CpuStorage {
         }
     }
 }
+
+impl compute_core::storage::ResourceRange for CpuResource {
+    fn range_len(&self) -> u64 {
+        self.len as u64
+    }
+
+    fn range_start(&self) -> u64 {
+        self.ptr as u64
+    }
+}

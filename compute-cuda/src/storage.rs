@@ -100,3 +100,13 @@ impl Drop for CudaStorage {
         }
     }
 }
+
+impl compute_core::storage::ResourceRange for CudaResource {
+    fn range_len(&self) -> u64 {
+        self.len
+    }
+
+    fn range_start(&self) -> u64 {
+        self.ptr
+    }
+}

@@ -132,3 +132,13 @@ impl Drop for VulkanStorage {
         retired.extend(self.blocks.drain().map(|(_, b)| b));
     }
 }
+
+impl compute_core::storage::ResourceRange for VulkanResource {
+    fn range_len(&self) -> u64 {
+        self.size
+    }
+
+    fn range_start(&self) -> u64 {
+        self.offset
+    }
+}

@@ -118,3 +118,13 @@ impl ComputeStorage for WgpuStorage {
         self.buffers.len()
     }
 }
+
+impl compute_core::storage::ResourceRange for WgpuResource {
+    fn range_len(&self) -> u64 {
+        self.size
+    }
+
+    fn range_start(&self) -> u64 {
+        self.offset
+    }
+}

@@ -74,6 +74,63 @@ pub fn bounds_checked_and_unchecked<R: Runtime>(client: ComputeClient<R>) {
     );
 }
 
+/// `launch` makes out-of-range global loads read 0, never a neighbour's bytes: an input that is
+/// a range in the middle of one storage block (its neighbours hold -1 and -2), read at indices
+/// running 32 past its end, scalar and at vector width 4.
+pub fn out_of_range_global_loads_read_zero<R: Runtime>(client: ComputeClient<R>) {
+    use super::ir_util::{build, download, launch};
+    use compute_core::kernel::KernelBuilder;
+    use compute_core::{ElemType, MemoryLayoutDescriptor};
+    let n = 48usize;
+    let data: Vec<f32> = (0..n).map(|i| i as f32 + 1.0).collect();
+    let layouts = client.create_tensors(vec![
+        (
+            MemoryLayoutDescriptor::contiguous([64], 4),
+            f32_bytes(&[-1.0; 64]),
+        ),
+        (MemoryLayoutDescriptor::contiguous([n], 4), f32_bytes(&data)),
+        (
+            MemoryLayoutDescriptor::contiguous([64], 4),
+            f32_bytes(&[-2.0; 64]),
+        ),
+    ]);
+    let input = layouts[1].memory.clone();
+    for width in [1u8, 4] {
+        let units = 64u32;
+        let mut k = KernelBuilder::new("oob_global_load", [units, 1, 1]);
+        let x = k.input("x", ElemType::F32, width);
+        let out = k.output("out", ElemType::F32, width);
+        let i = k.absolute_pos();
+        let j = k.add(i, 8u32);
+        let v = k.load(x, j);
+        k.store(out, i, v);
+        let def = build(k);
+        let w = width as usize;
+        let out_h = client.create(f32_bytes(&vec![7.0; units as usize * w]));
+        launch(
+            &client,
+            &def,
+            [1, 1, 1],
+            KernelArguments::new()
+                .buffer(input.clone().binding())
+                .buffer(out_h.clone().binding()),
+        );
+        let got = download::<R, f32>(&client, &out_h);
+        let items = n / w;
+        let data = &data;
+        let want: Vec<f32> = (0..units as usize)
+            .flat_map(|u| {
+                let src = u + 8;
+                (0..w).map(move |l| if src < items { data[src * w + l] } else { 0.0 })
+            })
+            .collect();
+        assert_eq!(got, want, "width {width}: loads past the end read 0");
+    }
+    let neighbours = client.read(vec![layouts[0].memory.clone(), layouts[2].memory.clone()]);
+    assert!(neighbours[0].to_elems::<f32>().iter().all(|&v| v == -1.0));
+    assert!(neighbours[1].to_elems::<f32>().iter().all(|&v| v == -2.0));
+}
+
 /// A launch with zero cubes runs nothing and is still ordered.
 pub fn zero_count_launch<R: Runtime>(client: ComputeClient<R>) {
     let out = client.create(f32_bytes(&[1.0, 2.0]));

@@ -140,6 +140,7 @@ macro_rules! for_each_test {
             kernel_macro::kernel_macro_unchecked_launch,
             launch::elementwise_add,
             launch::bounds_checked_and_unchecked,
+            launch::out_of_range_global_loads_read_zero,
             launch::zero_count_launch,
             launch::dynamic_cube_count,
             launch::launch_argument_errors_are_reported,

@@ -258,14 +258,42 @@ pub fn staging_materializes<R: Runtime>(client: ComputeClient<R>) {
     assert_eq!(&*lazy, &[5, 6]);
 }
 
-/// `get_resource` returns the storage behind a handle, and keeps the allocation alive.
+/// `get_resource` returns the storage behind that very handle (its length, and a sub-range's
+/// start as far from the whole's as the sub-handle's offset), and keeps the allocation alive.
 pub fn get_resource_of_own_handle<R: Runtime>(mut client: ComputeClient<R>) {
+    use compute_core::storage::ResourceRange;
     // SAFETY: a fresh stream used by this test's thread only.
     unsafe { client.set_stream(compute_core::StreamId::fresh()) };
+    let whole = client.create(f32_bytes(&(0..16).map(|i| i as f32).collect::<Vec<_>>()));
+    let part = whole.clone().range(16, 8).unwrap();
+    let (of_whole, of_part) = (
+        client.get_resource(whole.clone()).unwrap(),
+        client.get_resource(part.clone()).unwrap(),
+    );
+    assert_eq!(
+        of_whole.resource().range_len(),
+        64,
+        "the whole handle's length"
+    );
+    assert_eq!(of_part.resource().range_len(), 8, "the sub-handle's length");
+    assert_eq!(
+        of_part.resource().range_start() - of_whole.resource().range_start(),
+        16,
+        "the sub-handle's range starts 16 bytes into the whole's"
+    );
+    let other = client.create(f32_bytes(&[9.0; 16]));
+    let of_other = client.get_resource(other).unwrap();
+    assert!(
+        of_other.resource().range_start() != of_whole.resource().range_start()
+            || format!("{:?}", of_other.resource()) != format!("{:?}", of_whole.resource()),
+        "another handle resolves to another range"
+    );
+    drop((of_whole, of_part, of_other, whole, part));
+    sync(&client);
     let handle = client.create(f32_bytes(&[1.0, 2.0]));
     let live = client.stream_memory_usage().unwrap().number_allocs;
     let resource = client.get_resource(handle.clone()).unwrap();
-    assert!(!format!("{:?}", resource.resource()).is_empty());
+    assert_eq!(resource.resource().range_len(), 8);
     drop(handle);
     sync(&client);
     assert_eq!(

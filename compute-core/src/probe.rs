@@ -79,7 +79,9 @@ pub(crate) fn measure_throughput<R: Runtime>(
         }
         ThroughputKey::MemoryCopy(elem) => {
             let elems = units as usize * config.work_per_unit as usize;
-            let input = client.empty(elems * elem.size());
+            // Written, not just reserved: a never-touched host allocation reads from the
+            // kernel's shared zero page and would time a cache, not memory.
+            let input = client.create(crate::bytes::Bytes::zeroed(elems * elem.size()));
             let out = client.empty(elems * elem.size());
             let kernel = copy_kernel(elem, config.cube_dim);
             let copy_count = CubeCount::cover(elems, config.cube_dim);

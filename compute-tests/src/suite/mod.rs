@@ -156,6 +156,7 @@ macro_rules! for_each_test {
             collective::two_groups_issued_in_different_orders,
             profile::profile_measures_work,
             profile::measure_throughput_reports,
+            profile::measure_throughput_matches_an_independent_timing,
             profile::measure_launch_overhead_samples,
             defects::writes_change_exactly_their_bytes,
             defects::over_limit_dynamic_count_is_an_error,

@@ -44,6 +44,98 @@ pub fn measure_throughput_reports<R: Runtime>(client: ComputeClient<R>) {
     assert!(copy.per_second > 0.0);
 }
 
+/// `measure_throughput`'s copy figure agrees with a copy kernel of the same size written and
+/// timed here, independently of the probe (host clock around launches and a sync): the two rates
+/// are within a factor of 3 (best of 3 each). The probe's arithmetic figure scales with its work:
+/// 4x the iterations per unit take 1.5x to 16x the time.
+pub fn measure_throughput_matches_an_independent_timing<R: Runtime>(client: ComputeClient<R>) {
+    use compute_core::kernel::KernelBuilder;
+    let cube_dim = kernels::CUBE_DIM;
+    let config = KernelConfig {
+        cube_dim,
+        cube_count: 256,
+        work_per_unit: 64,
+    };
+    let elems = (cube_dim * config.cube_count * config.work_per_unit) as usize;
+    let probe = (0..3)
+        .map(|_| {
+            client
+                .measure_throughput(ThroughputKey::MemoryCopy(ElemType::F32), config)
+                .per_second
+        })
+        .fold(0.0f64, f64::max);
+    assert!(probe > 0.0, "the copy probe measured nothing");
+
+    let mut k = KernelBuilder::new("independent_copy", [cube_dim, 1, 1]);
+    let input = k.input("input", ElemType::F32, 1);
+    let out = k.output("out", ElemType::F32, 1);
+    let i = k.absolute_pos();
+    let v = k.load(input, i);
+    k.store(out, i, v);
+    let kernel = k.build().unwrap();
+    let src = client.create(f32_bytes(&ramp(elems, 1.0)));
+    let dst = client.empty(elems * 4);
+    let count = compute_core::CubeCount::cover(elems, cube_dim);
+    let launch = || {
+        client.launch(
+            kernel.clone().into(),
+            count.clone(),
+            compute_core::KernelArguments::new()
+                .buffer(src.clone().binding())
+                .buffer(dst.clone().binding()),
+        )
+    };
+    launch();
+    block_on(client.sync()).unwrap();
+    let reps = 3;
+    let independent = (0..3)
+        .map(|_| {
+            let start = Instant::now();
+            for _ in 0..reps {
+                launch();
+            }
+            block_on(client.sync()).unwrap();
+            (reps * 2 * elems * 4) as f64 / start.elapsed().as_secs_f64()
+        })
+        .fold(0.0f64, f64::max);
+    let got = client.read_one(dst).unwrap().to_elems::<f32>();
+    assert_eq!(
+        got[elems - 1],
+        (elems - 1) as f32,
+        "the independent copy ran"
+    );
+    let ratio = probe / independent;
+    eprintln!("measure_throughput: copy probe {probe:.3e} B/s, independent {independent:.3e} B/s");
+    assert!(
+        (1.0 / 3.0..=3.0).contains(&ratio),
+        "copy probe {probe:.3e} B/s against {independent:.3e} B/s timed independently (ratio {ratio:.2})"
+    );
+
+    let arith = |work_per_unit| {
+        (0..3)
+            .map(|_| {
+                client
+                    .measure_throughput(
+                        ThroughputKey::Arithmetic(ElemType::F32),
+                        KernelConfig {
+                            cube_dim,
+                            cube_count: 64,
+                            work_per_unit,
+                        },
+                    )
+                    .elapsed
+            })
+            .min()
+            .unwrap()
+    };
+    let (short, long) = (arith(2048), arith(8192));
+    let scale = long.as_secs_f64() / short.as_secs_f64().max(1e-9);
+    assert!(
+        (1.5..=16.0).contains(&scale),
+        "4x the probe's work took {scale:.2}x the time ({short:?} -> {long:?})"
+    );
+}
+
 /// `measure_launch_overhead` returns the median of the samples.
 pub fn measure_launch_overhead_samples<R: Runtime>(client: ComputeClient<R>) {
     let out = client.empty(4 * kernels::CUBE_DIM as usize);

@@ -239,3 +239,55 @@ fn a_failed_free_reaches_the_next_report() {
         vec![1.0, 2.0]
     );
 }
+
+/// `staging` really hands out page-locked memory: the driver knows the staged bytes' pages
+/// (`cuMemHostGetFlags` succeeds at the first and the last byte, with the portable flag the
+/// ring allocates with), while it refuses the same query on an ordinary heap buffer.
+#[test]
+fn staging_returns_pinned_memory() {
+    use cudarc::driver::{result, sys};
+    let Some(client) = cuda() else { return };
+    let host_flags = |ptr: *const u8| -> Result<u32, sys::CUresult> {
+        let mut flags = 0u32;
+        // SAFETY: `flags` is a valid out-pointer; the driver only inspects the address.
+        let r = unsafe { sys::cuMemHostGetFlags(&mut flags, ptr.cast_mut().cast()) };
+        if r == sys::CUresult::CUDA_SUCCESS {
+            Ok(flags)
+        } else {
+            Err(r)
+        }
+    };
+    // The query needs a current context on this thread: the device's primary one, which the
+    // runtime uses too.
+    let device = result::device::get(0).expect("cuDeviceGet");
+    // SAFETY: `device` is a valid ordinal; the context is released at the end of the test.
+    let ctx = unsafe { result::primary_ctx::retain(device) }.expect("retain");
+    // SAFETY: `ctx` was just retained.
+    unsafe { result::ctx::set_current(ctx) }.expect("cuCtxSetCurrent");
+    for size in [4usize << 10, 1 << 20, 16 << 20] {
+        let mut staged = Bytes::from_vec(vec![3u8; size]);
+        client.staging([&mut staged].into_iter(), false);
+        client.flush().expect("staging");
+        assert_eq!(staged.kind(), compute_core::BytesKind::Pinned, "{size} B");
+        assert!(
+            staged.iter().all(|&b| b == 3),
+            "the staged copy keeps its bytes"
+        );
+        for at in [0, size - 1] {
+            // SAFETY: in bounds of `staged`.
+            let ptr = unsafe { staged.as_ptr().add(at) };
+            let flags = host_flags(ptr).unwrap_or_else(|e| panic!("{size} B at {at}: {e:?}"));
+            assert_ne!(flags & sys::CU_MEMHOSTALLOC_PORTABLE, 0, "flags {flags:#x}");
+        }
+        let h = client.create(staged);
+        assert!(client.read_one(h).unwrap().iter().all(|&b| b == 3));
+    }
+    let pageable = vec![1u8; 1 << 20];
+    assert_eq!(
+        host_flags(pageable.as_ptr()),
+        Err(sys::CUresult::CUDA_ERROR_INVALID_VALUE),
+        "an ordinary heap buffer is not page-locked"
+    );
+    // SAFETY: retained above, once.
+    unsafe { result::primary_ctx::release(device) }.expect("release");
+}

@@ -31,6 +31,20 @@ pub(crate) struct Round {
     pub(crate) op: ReduceOperation,
     pub(crate) dst: WgpuResource,
     pub(crate) dst_slice: SliceId,
+    /// When the output starts or ends inside a 4-byte word (wgpu writes whole words): the
+    /// words it covers, read back with the contribution (`delta` = the output's start in them).
+    /// The round merges its result into them, so the bytes of the words outside the output are
+    /// written back as they were. Nothing else changes them in between: earlier work is before
+    /// the read in queue order, and later work touching the output's slice (which holds those
+    /// words: slices are aligned to at least 4 bytes) waits for the round.
+    pub(crate) dst_words: Option<DstWords>,
+}
+
+/// The 4-byte words an unaligned output covers, being read back.
+pub(crate) struct DstWords {
+    pub(crate) mapped: Receiver<Result<(), wgpu::BufferAsyncError>>,
+    pub(crate) staging: wgpu::Buffer,
+    pub(crate) delta: u64,
 }
 
 /// The collective state of one server: compute-core's bookkeeping, with a worker per group.
@@ -71,7 +85,35 @@ fn run_round(round: Round, queue: &wgpu::Queue) -> Result<(), ServerError> {
         round.dtype,
         round.op,
     )?;
-    crate::server::write_padded(queue, &round.dst, 0, &out)?;
+    match round.dst_words {
+        None => crate::server::write_aligned(queue, &round.dst, &out)?,
+        Some(words) => {
+            let mapped = compute_core::block_on(words.mapped).ok_or_else(|| {
+                ServerError::Driver("the read of a collective output's edges was dropped".into())
+            })?;
+            mapped.map_err(|e| ServerError::Driver(format!("reading a collective output: {e}")))?;
+            let mut merged = words
+                .staging
+                .slice(..)
+                .get_mapped_range()
+                .map_err(|e| ServerError::Driver(format!("reading a collective output: {e}")))?
+                .to_vec();
+            words.staging.unmap();
+            let delta = words.delta as usize;
+            let start = round.dst.offset - words.delta;
+            if !merged.len().is_multiple_of(4) || merged.len() < delta + out.len() {
+                return Err(ServerError::Unsupported(format!(
+                    "wgpu: a collective output of {} bytes at byte {} ends inside the last word \
+                     of a buffer of {} bytes",
+                    out.len(),
+                    round.dst.offset,
+                    round.dst.buffer.size()
+                )));
+            }
+            merged[delta..delta + out.len()].copy_from_slice(&out);
+            queue.write_buffer(&round.dst.buffer, start, &merged);
+        }
+    }
     queue.submit([]);
     Ok(())
 }

@@ -303,19 +303,26 @@ pub(crate) fn plan_write(
     }
 }
 
-/// Write `data` at `offset` bytes into `target` with `queue.write_buffer` (see [`write_part`]).
-/// Only the host collectives use it: a length not a multiple of 4 zero-fills the rest of its last
-/// word. `ComputeServer::write` changes exactly the bytes given (see [`plan_write`]).
-pub(crate) fn write_padded(
+/// Write `data` over the whole of `target` with `queue.write_buffer`, for outputs that start
+/// and end on 4-byte words (the host collectives'; an unaligned output has its edge words merged
+/// first, see [`crate::collective::DstWords`]). `ComputeServer::write` changes exactly the bytes
+/// given at any offset (see [`plan_write`]).
+pub(crate) fn write_aligned(
     queue: &wgpu::Queue,
     target: &WgpuResource,
-    offset: u64,
     data: &[u8],
 ) -> Result<(), ServerError> {
     if data.is_empty() {
         return Ok(());
     }
-    write_part(target, offset, 0, data.len())?.apply(queue, &target.buffer, data);
+    if !target.offset.is_multiple_of(4) || !data.len().is_multiple_of(4) {
+        return Err(ServerError::Unsupported(format!(
+            "wgpu: a whole-word write of {} bytes at byte {} (both must be multiples of 4)",
+            data.len(),
+            target.offset
+        )));
+    }
+    write_part(target, 0, 0, data.len())?.apply(queue, &target.buffer, data);
     Ok(())
 }
 
@@ -1571,8 +1578,20 @@ impl ComputeServer for WgpuServer {
         } else {
             self.stage_read(&source, source.size)?
         };
+        let end = target.offset + target.size;
+        let dst_words =
+            if target.size > 0 && (!target.offset.is_multiple_of(4) || !end.is_multiple_of(4)) {
+                Some(self.stage_read(&target, target.size)?)
+            } else {
+                None
+            };
         let index = self.submit_always()?;
         let mapped = map_read(&staging);
+        let dst_words = dst_words.map(|(staging, delta)| crate::collective::DstWords {
+            mapped: map_read(&staging),
+            staging,
+            delta,
+        });
         self.poller.wait(index, None);
         let seq = self.collectives.next_round(&group, self.owner.device);
         let round = Round {
@@ -1587,6 +1606,7 @@ impl ComputeServer for WgpuServer {
             op,
             dst: target,
             dst_slice: dst.handle().memory().id(),
+            dst_words,
         };
         crate::collective::submit(&mut self.collectives, &self.queue, round)
     }

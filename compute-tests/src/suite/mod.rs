@@ -154,6 +154,7 @@ macro_rules! for_each_test {
             collective::collective_errors,
             collective::all_reduce_mismatch_fails_every_participant,
             collective::two_groups_issued_in_different_orders,
+            collective::all_reduce_into_a_sub_range_changes_exactly_its_bytes,
             profile::profile_measures_work,
             profile::measure_throughput_reports,
             profile::measure_throughput_matches_an_independent_timing,

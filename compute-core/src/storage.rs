@@ -79,6 +79,18 @@ pub trait ResourceRange {
     fn range_start(&self) -> u64;
 }
 
+/// A storage handle is its own range (the resource of test storages and of backends that
+/// resolve to block offsets).
+impl ResourceRange for StorageHandle {
+    fn range_len(&self) -> u64 {
+        self.size()
+    }
+
+    fn range_start(&self) -> u64 {
+        self.offset()
+    }
+}
+
 /// The raw allocator of a backend: big blocks straight from the driver.
 ///
 /// Implementations do no pooling; [`MemoryManagement`](crate::memory::MemoryManagement) carves the

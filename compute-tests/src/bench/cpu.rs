@@ -46,6 +46,10 @@ pub fn run(filter: &str) -> Vec<Row> {
         };
         rows.extend(super::kept::rows(BACKEND, &client, &out, &mut specific));
     }
+    if wanted("graph") {
+        progress("cpu graph replay vs plain launches");
+        rows.extend(super::graph::rows(BACKEND, &client));
+    }
     if wanted("all_reduce") {
         progress("cpu all_reduce over 2 processes vs 2 devices of one process (4 MiB)");
         rows.push(all_reduce_processes());

@@ -48,7 +48,8 @@ pub fn run(filter: &str) -> Vec<Row> {
     }
     if wanted("graph") {
         progress("cuda graph replay");
-        rows.push(graph(&client, &raw));
+        rows.extend(graph(&client, &raw));
+        rows.extend(super::graph::rows(BACKEND, &client));
     }
     if wanted("bandwidth") {
         progress("cuda transfer bandwidth");
@@ -211,7 +212,7 @@ fn launch(client: &Client, raw: &Raw) -> Vec<Row> {
     ]
 }
 
-fn graph(client: &Client, raw: &Raw) -> Row {
+fn graph(client: &Client, raw: &Raw) -> Vec<Row> {
     let mut capture = client.clone();
     // SAFETY: a fresh stream used by this thread only.
     unsafe { capture.set_stream(StreamId::fresh()) };
@@ -250,16 +251,73 @@ fn graph(client: &Client, raw: &Raw) -> Row {
         }
         raw.sync();
     }) / (replays * kernels) as f64;
+    // The same 64 launches captured raw (cuStreamBeginCapture on the raw stream), replayed
+    // with cuGraphLaunch.
+    let check = |r: sys::CUresult, what: &str| {
+        assert_eq!(r, sys::CUresult::CUDA_SUCCESS, "{what}");
+    };
+    let mut raw_graph: sys::CUgraph = core::ptr::null_mut();
+    let mut exec: sys::CUgraphExec = core::ptr::null_mut();
+    // SAFETY: the raw stream is idle and owned by the bench; the capture records the launches
+    // `raw_fill` issues on it, into `raw_graph`.
+    check(
+        unsafe {
+            sys::cuStreamBeginCapture_v2(
+                raw.stream,
+                sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+            )
+        },
+        "cuStreamBeginCapture",
+    );
+    for _ in 0..kernels {
+        raw_fill(raw, f, ptr, 256, 1);
+    }
+    // SAFETY: ends the capture begun above; `raw_graph` receives the graph.
+    check(
+        unsafe { sys::cuStreamEndCapture(raw.stream, &mut raw_graph) },
+        "cuStreamEndCapture",
+    );
+    // SAFETY: `raw_graph` is the graph just captured; `exec` receives its instance.
+    check(
+        unsafe { sys::cuGraphInstantiateWithFlags(&mut exec, raw_graph, 0) },
+        "cuGraphInstantiate",
+    );
+    let raw_replay = best_per_call(5, 1, || {
+        for _ in 0..replays {
+            // SAFETY: `exec` is a live instance; the raw stream is the bench's.
+            check(
+                unsafe { sys::cuGraphLaunch(exec, raw.stream) },
+                "cuGraphLaunch",
+            );
+        }
+        raw.sync();
+    }) / (replays * kernels) as f64;
+    // SAFETY: the stream was synced: neither is in use; each is destroyed once.
+    unsafe {
+        check(sys::cuGraphExecDestroy(exec), "cuGraphExecDestroy");
+        check(sys::cuGraphDestroy(raw_graph), "cuGraphDestroy");
+    }
     drop(graph);
-    Row::new(
-        BACKEND,
-        "graph replay per kernel (64-kernel graph)",
-        ours * 1e6,
-        "us",
-        "raw cudarc launches of the same kernels",
-        direct * 1e6,
-        Better::Lower,
-    )
+    vec![
+        Row::new(
+            BACKEND,
+            "graph replay per kernel (64-kernel graph)",
+            ours * 1e6,
+            "us",
+            "raw cudarc launches of the same kernels",
+            direct * 1e6,
+            Better::Lower,
+        ),
+        Row::new(
+            BACKEND,
+            "graph replay + sync per kernel (64-kernel graph) vs raw CUDA graph",
+            ours * 1e6,
+            "us",
+            "the same launches captured raw, cuGraphLaunch x200 + sync",
+            raw_replay * 1e6,
+            Better::Lower,
+        ),
+    ]
 }
 
 fn transfers(client: &Client, raw: &Raw) -> Vec<Row> {
@@ -448,6 +506,37 @@ fn transfers(client: &Client, raw: &Raw) -> Vec<Row> {
             gbs(raw_d2h),
             Better::Higher,
         ));
+        if size >= 64 << 20 {
+            // The upload paths that allocate: `create_from_slice` of a borrowed slice (the
+            // host bytes are copied before it returns) and `create` of owned bytes.
+            let host = vec![9u8; size];
+            let from_slice = best_per_call(3, 1, || {
+                for _ in 0..reps {
+                    drop(client.create_from_slice(&host));
+                }
+                sync();
+            }) / reps as f64;
+            let owned = best_per_call(3, 1, || {
+                for _ in 0..reps {
+                    drop(client.create(Bytes::from_vec(host.clone())));
+                }
+                sync();
+            }) / reps as f64;
+            for (path, secs) in [
+                ("create_from_slice", from_slice),
+                ("create(Bytes) incl. the Vec clone", owned),
+            ] {
+                rows.push(Row::new(
+                    BACKEND,
+                    &format!("upload {label} {path}"),
+                    gbs(secs),
+                    "GB/s",
+                    "raw cudarc pinned cuMemcpyHtoDAsync",
+                    gbs(raw_h2d),
+                    Better::Higher,
+                ));
+            }
+        }
         drop(host_dst);
         drop(pinned);
     }

@@ -8,6 +8,7 @@ pub mod cpu;
 pub mod cpu_kernels;
 #[cfg(feature = "cuda")]
 pub mod cuda;
+pub mod graph;
 pub mod kept;
 #[cfg(feature = "vulkan")]
 pub mod vulkan;
@@ -69,5 +70,39 @@ impl Row {
             baseline_value,
             ratio,
         }
+    }
+}
+
+/// Rows that compare two backends of the same run: the Vulkan copy kernel at its largest size
+/// against compute-cuda's 1 GiB copy kernel (same GPU), when both ran.
+pub fn cross_backend_rows(rows: &[Row]) -> Vec<Row> {
+    let gbs = |r: &Row| match r.unit.as_str() {
+        "TB/s" => r.value * 1e3,
+        _ => r.value,
+    };
+    let cuda = rows.iter().find(|r| {
+        r.backend == "cuda" && r.name == "copy kernel bandwidth 1 GiB f32x4 (read+write)"
+    });
+    let vulkan = rows
+        .iter()
+        .filter(|r| r.backend == "vulkan" && r.name.starts_with("copy kernel ") && r.unit == "GB/s")
+        .max_by_key(|r| {
+            r.name
+                .split_whitespace()
+                .nth(2)
+                .and_then(|mib| mib.parse::<u64>().ok())
+                .unwrap_or(0)
+        });
+    match (cuda, vulkan) {
+        (Some(c), Some(v)) => vec![Row::new(
+            "vulkan",
+            &format!("{} vs compute-cuda", v.name),
+            gbs(v),
+            "GB/s",
+            "compute-cuda copy kernel 1 GiB f32x4, same run",
+            gbs(c),
+            Better::Higher,
+        )],
+        _ => Vec::new(),
     }
 }

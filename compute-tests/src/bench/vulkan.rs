@@ -53,6 +53,10 @@ pub fn run(filter: &str) -> Vec<Row> {
         };
         rows.extend(super::kept::rows("vulkan", &client, &out, &mut specific));
     }
+    if wanted("graph") {
+        progress("vulkan graph replay vs plain launches");
+        rows.extend(super::graph::rows("vulkan", &client));
+    }
     if wanted("bandwidth") {
         let size = copy_size(&client);
         progress(&format!(
@@ -623,26 +627,7 @@ fn bandwidth(client: &ComputeClient<VulkanRuntime>, raw: &Raw, size: usize) -> R
     let failed = Failure::default();
 
     // Copy kernel: ours against the same SPIR-V dispatched raw, and vkCmdCopyBuffer.
-    let kernel: VulkanKernel = copy_kernel().into();
-    let input = client.create(Bytes::from_slice(&src));
-    let output = client.empty(size);
-    let count = CubeCount::cover(size / 16, 256);
-    let args = KernelArguments::new()
-        .buffer(input.clone().binding())
-        .buffer(output.clone().binding());
-    // SAFETY: the launch covers size / 16 vec4 items of both buffers exactly (size is a multiple
-    // of 1 MiB).
-    let copy = || unsafe { client.launch_unchecked(kernel.clone(), count.clone(), args.clone()) };
-    copy();
-    block_on(client.sync()).expect("sync");
-    // Kernels back to back, one wait at the end (as the CUDA row does): the figure is the
-    // kernel's bandwidth, not the launch+sync latency.
-    let ours_copy = best_per_call(5, 1, || {
-        for _ in 0..COPY_REPS {
-            copy();
-        }
-        block_on(client.sync()).expect("sync");
-    }) / COPY_REPS as f64;
+    let ours_copy = ours_copy_time(client, Bytes::from_slice(&src));
     let a = raw.buffer(size as u64, false)?;
     let b = raw.buffer(size as u64, false)?;
     let staging = raw.buffer(size as u64, true)?;
@@ -699,10 +684,36 @@ fn bandwidth(client: &ComputeClient<VulkanRuntime>, raw: &Raw, size: usize) -> R
     raw.free(a);
     raw.free(b);
     raw.free(staging);
-    drop((input, output, handle));
+    drop(handle);
     client.memory_cleanup();
     failed.check()?;
-    Ok(vec![
+    let mut rows = Vec::new();
+    // Twice the size, where the device takes it: the figure must hold past 1 GiB.
+    let twice = 2 * size;
+    let props = client.properties();
+    if size >= 1 << 30
+        && props.memory.max_page_size as usize >= twice
+        && props
+            .memory_total
+            .is_some_and(|total| total as usize >= 4 * twice)
+    {
+        progress(&format!("vulkan copy kernel at {} MiB", twice >> 20));
+        let big = ours_copy_time(client, Bytes::zeroed(twice));
+        client.memory_cleanup();
+        rows.push(Row::new(
+            BACKEND,
+            &format!(
+                "copy kernel {} MiB f32x4 (read+write) vs ours at {mib} MiB",
+                twice >> 20
+            ),
+            gb(big, 2 * twice),
+            "GB/s",
+            &format!("ours at {mib} MiB, same run"),
+            gb(ours_copy, 2 * size),
+            Better::Higher,
+        ));
+    }
+    rows.extend([
         Row::new(
             BACKEND,
             &format!("copy kernel {mib} MiB f32x4 (read+write), same kernel raw"),
@@ -741,5 +752,30 @@ fn bandwidth(client: &ComputeClient<VulkanRuntime>, raw: &Raw, size: usize) -> R
             gb(raw_readback, size),
             Better::Higher,
         ),
-    ])
+    ]);
+    Ok(rows)
+}
+
+/// Seconds per copy of our copy kernel over `src` (f32x4, read + write), kernels back to back
+/// with one wait at the end (as the CUDA row does): the kernel's bandwidth, not launch+sync.
+fn ours_copy_time(client: &ComputeClient<VulkanRuntime>, src: Bytes) -> f64 {
+    let size = src.len();
+    let kernel: VulkanKernel = copy_kernel().into();
+    let input = client.create(src);
+    let output = client.empty(size);
+    let count = CubeCount::cover(size / 16, 256);
+    let args = KernelArguments::new()
+        .buffer(input.clone().binding())
+        .buffer(output.clone().binding());
+    // SAFETY: the launch covers size / 16 vec4 items of both buffers exactly (size is a multiple
+    // of 1 MiB).
+    let copy = || unsafe { client.launch_unchecked(kernel.clone(), count.clone(), args.clone()) };
+    copy();
+    block_on(client.sync()).expect("sync");
+    best_per_call(5, 1, || {
+        for _ in 0..COPY_REPS {
+            copy();
+        }
+        block_on(client.sync()).expect("sync");
+    }) / COPY_REPS as f64
 }

@@ -46,6 +46,10 @@ pub fn run(filter: &str) -> Vec<Row> {
         };
         rows.extend(super::kept::rows("wgpu", &client, &out, &mut specific));
     }
+    if wanted("graph") {
+        progress("wgpu graph replay vs plain launches");
+        rows.extend(super::graph::rows("wgpu", &client));
+    }
     if wanted("bandwidth") {
         progress("wgpu copy kernel, upload and readback bandwidth (64 MiB)");
         rows.extend(bandwidth(&client, &raw));
@@ -284,8 +288,55 @@ fn launch(client: &ComputeClient<WgpuRuntime>, raw: &Raw) -> Vec<Row> {
         raw.dispatch(&pipeline, &group, 1, host_iters);
         raw.wait();
     }) / host_iters as f64;
+    // The tail: 1,000 single launch+sync samples each, ours and raw interleaved; the median
+    // and the 99th percentile (a stall of the poll or map path shows in p99, not in a mean).
+    let samples = 1000;
+    let (mut ours_t, mut raw_t) = (Vec::with_capacity(samples), Vec::with_capacity(samples));
+    for _ in 0..samples {
+        let s = Instant::now();
+        launch_once();
+        sync();
+        ours_t.push(s.elapsed().as_secs_f64());
+        let s = Instant::now();
+        raw.dispatch(&pipeline, &group, 1, 1);
+        raw.wait();
+        raw_t.push(s.elapsed().as_secs_f64());
+    }
+    let quantile = |v: &mut Vec<f64>, q: f64| {
+        v.sort_by(f64::total_cmp);
+        v[((v.len() - 1) as f64 * q).round() as usize]
+    };
+    let (p50, p99) = (quantile(&mut ours_t, 0.5), quantile(&mut ours_t, 0.99));
+    let (raw_p50, raw_p99) = (quantile(&mut raw_t, 0.5), quantile(&mut raw_t, 0.99));
     let us = 1e6;
     vec![
+        Row::new(
+            BACKEND,
+            "launch+sync latency p50 (1,000 samples)",
+            p50 * us,
+            "us",
+            "raw wgpu p50, same WGSL, samples interleaved",
+            raw_p50 * us,
+            Better::Lower,
+        ),
+        Row::new(
+            BACKEND,
+            "launch+sync latency p99 (1,000 samples)",
+            p99 * us,
+            "us",
+            "raw wgpu p99, same WGSL, samples interleaved",
+            raw_p99 * us,
+            Better::Lower,
+        ),
+        Row::new(
+            BACKEND,
+            "launch+sync latency p99 against our own p50 (tail, target <= 3x)",
+            p99 * us,
+            "us",
+            "our p50 x 3",
+            p50 * 3.0 * us,
+            Better::Lower,
+        ),
         Row::new(
             BACKEND,
             "launch+sync latency (bench_store, 1 cube of 64)",

@@ -38,6 +38,8 @@ fn main() {
             other => eprintln!("bench: no benchmarks for backend {other} in this build"),
         }
     }
+    let cross = compute_tests::bench::cross_backend_rows(&rows);
+    rows.extend(cross);
     let json = serde_json::to_string_pretty(&rows).unwrap_or_else(|e| fail(&e.to_string()));
     if let Err(e) = std::fs::write(&out, json) {
         fail(&format!("cannot write {out}: {e}"));

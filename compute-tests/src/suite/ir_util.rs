@@ -58,11 +58,14 @@ pub fn is_unsupported_error(e: &ServerError) -> bool {
 ///
 /// Returns `true` when `supported`: the test goes on to check values. Otherwise asserts that the
 /// launch was reported as an error ([`ServerError::Unsupported`] or
-/// [`ServerError::Compilation`]) by `flush`, and returns `false`.
+/// [`ServerError::Compilation`]) by `flush`, reports the test as a reduced run (the matrix
+/// counts it as skipped, with the missing feature as its reason: its values were not checked
+/// for that case), and returns `false`.
 pub fn feature_gate<R: Runtime>(client: &ComputeClient<R>, supported: bool, what: &str) -> bool {
     if supported {
         return true;
     }
+    compute_core::env::report_reduced(&format!("{} lacks {what}", R::name()));
     match client.flush() {
         Ok(()) => panic!(
             "{} lacks {what} but launching a kernel that uses it reported no error",

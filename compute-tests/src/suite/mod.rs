@@ -51,6 +51,7 @@ macro_rules! for_each_test {
             transfer::write_too_long_is_an_error,
             transfer::pitched_tensor_reads,
             transfer::read_tensor_rejects_bad_strides,
+            transfer::read_tensor_of_strided_views,
             transfer::create_tensors_packs_one_allocation,
             transfer::empty_allocations,
             transfer::read_lazy_reflects_first_access,

@@ -140,6 +140,60 @@ pub fn read_tensor_rejects_bad_strides<R: Runtime>(client: ComputeClient<R>) {
     );
 }
 
+/// `read_tensor` of views that are not contiguous (rows with gaps between them, a 3-D view with
+/// gaps at two levels, and a view into a sub-range of its handle) returns exactly the view's
+/// elements, in row-major order, on every backend (wgpu and Vulkan lay tensors out contiguously
+/// themselves, so only a descriptor like these exercises their strided read path).
+pub fn read_tensor_of_strided_views<R: Runtime>(client: ComputeClient<R>) {
+    let data = ramp(64, 1.0);
+    let handle = client.create(f32_bytes(&data));
+    let view = |shape: &[usize], strides: &[usize], offset: usize| -> Vec<f32> {
+        let mut out = Vec::new();
+        let mut index = vec![0usize; shape.len()];
+        if shape.contains(&0) {
+            return out;
+        }
+        loop {
+            let at: usize = index.iter().zip(strides).map(|(i, s)| i * s).sum();
+            out.push(data[offset + at]);
+            let mut d = shape.len();
+            loop {
+                if d == 0 {
+                    return out;
+                }
+                d -= 1;
+                index[d] += 1;
+                if index[d] < shape[d] {
+                    break;
+                }
+                index[d] = 0;
+            }
+        }
+    };
+    let cases: [(&[usize], &[usize], usize); 5] = [
+        (&[3, 4], &[6, 1], 0),
+        (&[5, 3], &[7, 1], 0),
+        (&[2, 2, 3], &[20, 5, 1], 0),
+        (&[3, 5], &[9, 1], 3),
+        (&[4, 1], &[13, 1], 5),
+    ];
+    for (shape, strides, offset) in cases {
+        let base = handle
+            .clone()
+            .range(offset as u64 * 4, (64 - offset) as u64 * 4)
+            .unwrap();
+        let descriptor = CopyDescriptor::new(base.binding(), shape.to_vec(), strides.to_vec(), 4);
+        let got = block_on(client.read_one_tensor_async(descriptor))
+            .unwrap_or_else(|e| panic!("{shape:?} / {strides:?} at {offset}: {e:?}"))
+            .to_elems::<f32>();
+        assert_eq!(
+            got,
+            view(shape, strides, offset),
+            "{shape:?} / {strides:?} at element {offset}"
+        );
+    }
+}
+
 /// `create_tensors` packs every tensor into one allocation, without overlap.
 pub fn create_tensors_packs_one_allocation<R: Runtime>(client: ComputeClient<R>) {
     let a = ramp(7, 1.0);

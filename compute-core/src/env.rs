@@ -165,6 +165,12 @@ pub const SETTINGS: &[Setting] = &[
         "any value (set by the test itself)",
     ),
     setting(
+        "COMPUTE_CHILD_TEST",
+        "internal to the tests that need a fresh process (disk caches): names the test the child runs",
+        "unset",
+        "a test name (set by compute_core::env::run_test_in_child)",
+    ),
+    setting(
         "COMPUTE_REQUIRE_BACKENDS",
         "cargo xtask: backends whose absence fails the run (CI sets it)",
         "none",
@@ -299,4 +305,39 @@ mod tests {
     fn an_undocumented_setting_is_a_bug() {
         let _ = text("COMPUTE_NOT_A_SETTING");
     }
+}
+
+/// The variable [`run_test_in_child`] sets in the child, so that the test knows it is the child.
+pub const CHILD_TEST_VAR: &str = "COMPUTE_CHILD_TEST";
+
+/// Run the test `name` of the current test binary again, alone, in a child process, with `env`
+/// added and [`CHILD_TEST_VAR`] set to `name`; return its standard output, or why it failed.
+/// For tests that need a fresh process (disk caches, process-wide state): the test checks
+/// [`is_child_test`] to know which side it is on.
+pub fn run_test_in_child(name: &str, env: &[(&str, &std::ffi::OsStr)]) -> Result<String, String> {
+    let exe = std::env::current_exe().map_err(|e| format!("current_exe: {e}"))?;
+    let mut command = std::process::Command::new(exe);
+    command
+        .args([name, "--exact", "--nocapture", "--test-threads", "1"])
+        .env(CHILD_TEST_VAR, name);
+    for (k, v) in env {
+        command.env(k, v);
+    }
+    let out = command
+        .output()
+        .map_err(|e| format!("starting the child: {e}"))?;
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    if !out.status.success() {
+        return Err(format!(
+            "the child test {name} failed ({}):\n{stdout}\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    Ok(stdout)
+}
+
+/// Whether this process is the child [`run_test_in_child`] started for test `name`.
+pub fn is_child_test(name: &str) -> bool {
+    std::env::var(CHILD_TEST_VAR).is_ok_and(|v| v == name)
 }

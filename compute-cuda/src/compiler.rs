@@ -46,6 +46,27 @@ pub fn cache_dir() -> Option<PathBuf> {
     compute_core::env::cache_dir("COMPUTE_CUDA_CACHE_DIR", "compute-cuda")
 }
 
+static NVRTC_COMPILES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+static DISK_LOADS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// The kernel compiles of this process, over every device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct CompileCounts {
+    /// Kernels compiled by NVRTC.
+    pub nvrtc: u64,
+    /// Kernels loaded from the disk cache ([`cache_dir`]) without invoking NVRTC.
+    pub disk_loads: u64,
+}
+
+/// How many kernels this process compiled with NVRTC and loaded from the disk cache so far.
+pub fn compile_counts() -> CompileCounts {
+    use std::sync::atomic::Ordering::Relaxed;
+    CompileCounts {
+        nvrtc: NVRTC_COMPILES.load(Relaxed),
+        disk_loads: DISK_LOADS.load(Relaxed),
+    }
+}
+
 /// What a compile depends on besides the kernel.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Target {
@@ -85,7 +106,12 @@ pub(crate) fn compile(
         }
     };
     let (module, function) = match load(&image) {
-        Ok(loaded) => loaded,
+        Ok(loaded) => {
+            if from_disk {
+                DISK_LOADS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+            loaded
+        }
         // A stale or truncated cache entry: compile afresh.
         Err(_) if from_disk => {
             let image = nvrtc_compile(definition.name(), &generated.source, target)?;
@@ -150,6 +176,7 @@ fn load(image: &[u8]) -> Result<(sys::CUmodule, sys::CUfunction), ServerError> {
 
 /// NVRTC: generated source -> CUBIN for `sm_XY`; a failure carries the compiler log.
 fn nvrtc_compile(name: &str, source: &str, target: Target) -> Result<Vec<u8>, ServerError> {
+    NVRTC_COMPILES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     if !crate::driver::nvrtc_available() {
         return Err(ServerError::Unavailable(
             "libnvrtc not found: CUDA kernels cannot be compiled".into(),

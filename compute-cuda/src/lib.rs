@@ -34,7 +34,7 @@ mod server;
 mod storage;
 mod stream;
 
-pub use compiler::{CompiledKernel, cache_dir};
+pub use compiler::{CompileCounts, CompiledKernel, cache_dir, compile_counts};
 /// The cudarc version this backend is built on, for raw baselines and interop.
 pub use cudarc;
 pub use device::{CUDA_DEVICE_TYPE, CudaDevice};

@@ -291,3 +291,72 @@ fn staging_returns_pinned_memory() {
     // SAFETY: retained above, once.
     unsafe { result::primary_ctx::release(device) }.expect("release");
 }
+
+/// The on-disk module cache: a second process compiles nothing with NVRTC (every kernel comes
+/// from the cache the first one filled), while the first process, on an empty cache directory,
+/// compiled every kernel. Each side is a fresh process of this test binary.
+#[test]
+fn a_second_process_compiles_nothing() {
+    const NAME: &str = "a_second_process_compiles_nothing";
+    let Some(client) = cuda() else { return };
+    if compute_core::env::is_child_test(NAME) {
+        for c in 0..3u32 {
+            let mut k = KernelBuilder::new(&format!("disk_cache_probe_{c}"), [64, 1, 1]);
+            let out = k.output("out", ElemType::U32, 1);
+            let i = k.absolute_pos();
+            let v = k.add(i, 9_000_000 + c);
+            k.store(out, i, v);
+            let def = k.build().unwrap();
+            let h = client.empty(64 * 4);
+            client.launch(
+                compute_cuda::CudaKernel::from(def),
+                CubeCount::Static(1, 1, 1),
+                KernelArguments::new().buffer(h.clone().binding()),
+            );
+            let got = client.read_one(h).unwrap().to_elems::<u32>();
+            assert_eq!(got[63], 63 + 9_000_000 + c);
+        }
+        let n = compute_cuda::compile_counts();
+        println!("compiles: nvrtc={} disk={}", n.nvrtc, n.disk_loads);
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!(
+        "compute-cuda-cache-test-{}-{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    let run = || -> (u64, u64) {
+        let out = compute_core::env::run_test_in_child(
+            NAME,
+            &[("COMPUTE_CUDA_CACHE_DIR", dir.as_os_str())],
+        )
+        .unwrap();
+        let line = out
+            .lines()
+            .find_map(|l| l.split_once("compiles: ").map(|(_, rest)| rest))
+            .unwrap_or_else(|| panic!("no counts from the child:\n{out}"));
+        let field = |key: &str| -> u64 {
+            line.split_whitespace()
+                .find_map(|kv| kv.strip_prefix(key))
+                .and_then(|v| v.parse().ok())
+                .unwrap_or_else(|| panic!("{key} in {line:?}"))
+        };
+        (field("nvrtc="), field("disk="))
+    };
+    let first = run();
+    let second = run();
+    std::fs::remove_dir_all(&dir).ok();
+    assert!(first.0 >= 3, "the first process compiled {first:?}");
+    assert_eq!(
+        second.0, 0,
+        "the second process compiled with NVRTC: {second:?}"
+    );
+    assert_eq!(
+        second.1, first.0,
+        "every kernel came from the disk: {first:?} then {second:?}"
+    );
+}

@@ -81,6 +81,9 @@ pub(crate) struct Context {
     pub(crate) caps: SpirvCaps,
     pub(crate) subgroup_size: (u32, u32),
     pub(crate) memory_total: u64,
+    /// Whether pipeline creation reports feedback (Vulkan 1.3 core): whether the driver found
+    /// the pipeline in the application's pipeline cache.
+    pub(crate) creation_feedback: bool,
     staging_pool: Mutex<Vec<RawStaging>>,
     /// The highest timeline value a wait of this process saw completed.
     known_completed: std::sync::atomic::AtomicU64,
@@ -373,6 +376,7 @@ impl Context {
             maint3.max_memory_allocation_size
         };
         Ok(Self {
+            creation_feedback: v13,
             device,
             push_descriptor,
             sync2: on(f13.synchronization2),

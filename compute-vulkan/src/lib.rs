@@ -53,7 +53,7 @@ pub use device::{
     physical_device_count, raw_instance, validation_enabled, validation_message_count,
 };
 pub use kernel::VulkanKernel;
-pub use pipeline::CACHE_DIR_ENV;
+pub use pipeline::{CACHE_DIR_ENV, PipelineCounts, pipeline_counts};
 pub use raw::RawDevice;
 pub use runtime::VulkanRuntime;
 pub use server::{VulkanInfo, VulkanServer, elem_types};

@@ -12,6 +12,45 @@ use crate::spirv::{ArgLayout, SpirvKernel};
 /// Environment variable naming the directory of the on-disk pipeline cache (`off` disables it).
 pub const CACHE_DIR_ENV: &str = "COMPUTE_VULKAN_CACHE_DIR";
 
+static CREATED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+static CACHE_HITS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+static WITH_FEEDBACK: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+fn count_created(flags: Option<vk::PipelineCreationFeedbackFlags>) {
+    use std::sync::atomic::Ordering::Relaxed;
+    CREATED.fetch_add(1, Relaxed);
+    if let Some(flags) = flags
+        && flags.contains(vk::PipelineCreationFeedbackFlags::VALID)
+    {
+        WITH_FEEDBACK.fetch_add(1, Relaxed);
+        if flags.contains(vk::PipelineCreationFeedbackFlags::APPLICATION_PIPELINE_CACHE_HIT) {
+            CACHE_HITS.fetch_add(1, Relaxed);
+        }
+    }
+}
+
+/// Pipeline creations of this process, as the driver reported them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct PipelineCounts {
+    /// Compute pipelines created.
+    pub created: u64,
+    /// Of those, the ones whose creation feedback the driver filled in (Vulkan 1.3 devices).
+    pub with_feedback: u64,
+    /// Of those, the ones the driver found in the pipeline cache (loaded from
+    /// [`CACHE_DIR_ENV`]'s directory, or created earlier in the process): no shader compile.
+    pub cache_hits: u64,
+}
+
+/// The pipeline creations of this process so far, over every device.
+pub fn pipeline_counts() -> PipelineCounts {
+    use std::sync::atomic::Ordering::Relaxed;
+    PipelineCounts {
+        created: CREATED.load(Relaxed),
+        with_feedback: WITH_FEEDBACK.load(Relaxed),
+        cache_hits: CACHE_HITS.load(Relaxed),
+    }
+}
+
 /// A compute pipeline and its layouts (descriptor set 0 is a push descriptor set).
 pub(crate) struct Pipeline {
     ctx: Arc<Context>,
@@ -116,11 +155,22 @@ impl Pipeline {
             .stage(vk::ShaderStageFlags::COMPUTE)
             .module(module)
             .name(c"main");
-        let info = [vk::ComputePipelineCreateInfo::default()
+        let mut feedback = vk::PipelineCreationFeedback::default();
+        let mut feedback_info = vk::PipelineCreationFeedbackCreateInfo::default()
+            .pipeline_creation_feedback(&mut feedback);
+        let mut create = vk::ComputePipelineCreateInfo::default()
             .stage(stage)
-            .layout(layout)];
-        // SAFETY: valid create infos; the module is not needed after creation.
+            .layout(layout);
+        if ctx.creation_feedback {
+            create = create.push_next(&mut feedback_info);
+        }
+        let info = [create];
+        // SAFETY: valid create infos (the feedback struct is core in Vulkan 1.3, the only case
+        // it is chained); the module is not needed after creation.
         let created = unsafe { device.create_compute_pipelines(cache, &info, None) };
+        if created.is_ok() {
+            count_created(ctx.creation_feedback.then_some(feedback.flags));
+        }
         // SAFETY: pipelines do not reference their module after creation.
         unsafe { device.destroy_shader_module(module, None) };
         let pipeline = match created {

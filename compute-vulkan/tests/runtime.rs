@@ -103,3 +103,110 @@ fn many_small_writes_and_reads_round_trip() {
         assert_eq!(compute_vulkan::validation_message_count(), 0);
     }
 }
+
+/// Three kernels no other test builds (distinct stored constants).
+fn cache_probe_kernels() -> Vec<compute_core::kernel::KernelDefinition> {
+    (0..3u32)
+        .map(|c| {
+            let mut k = KernelBuilder::new(&format!("pipeline_cache_probe_{c}"), [64, 1, 1]);
+            let out = k.output("out", ElemType::U32, 1);
+            let i = k.absolute_pos();
+            let v = k.add(i, 7_000_000 + c);
+            k.store(out, i, v);
+            k.build().unwrap()
+        })
+        .collect()
+}
+
+/// The on-disk pipeline cache: a second process creating the same pipelines gets every one of
+/// them from the cache (the driver's creation feedback says so), while the first process, on
+/// an empty cache directory, got none. Each side is a fresh process of this test binary.
+#[test]
+fn a_second_process_creates_its_pipelines_from_the_disk_cache() {
+    const NAME: &str = "a_second_process_creates_its_pipelines_from_the_disk_cache";
+    let Some(client) = client() else { return };
+    if compute_core::env::is_child_test(NAME) {
+        for (c, def) in cache_probe_kernels().into_iter().enumerate() {
+            let out = client.empty(64 * 4);
+            let kernel: VulkanKernel = def.into();
+            client.launch(
+                kernel,
+                CubeCount::Static(1, 1, 1),
+                KernelArguments::new().buffer(out.clone().binding()),
+            );
+            let got = client.read_one(out).unwrap().to_elems::<u32>();
+            assert_eq!(got[63], 63 + 7_000_000 + c as u32);
+        }
+        // The cache is written at most every 2 s while pipelines are being created: let the
+        // interval pass so that this flush writes it.
+        std::thread::sleep(std::time::Duration::from_millis(2100));
+        client.flush().unwrap();
+        let n = compute_vulkan::pipeline_counts();
+        println!(
+            "pipelines: created={} feedback={} hits={}",
+            n.created, n.with_feedback, n.cache_hits
+        );
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!(
+        "compute-vulkan-cache-test-{}-{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    let run = || -> (u64, u64, u64) {
+        let out = compute_core::env::run_test_in_child(
+            NAME,
+            &[(compute_vulkan::CACHE_DIR_ENV, dir.as_os_str())],
+        )
+        .unwrap();
+        let line = out
+            .lines()
+            .find_map(|l| l.split_once("pipelines: ").map(|(_, rest)| rest))
+            .unwrap_or_else(|| panic!("no counts from the child:\n{out}"));
+        let field = |key: &str| -> u64 {
+            line.split_whitespace()
+                .find_map(|kv| kv.strip_prefix(key))
+                .and_then(|v| v.parse().ok())
+                .unwrap_or_else(|| panic!("{key} in {line:?}"))
+        };
+        (field("created="), field("feedback="), field("hits="))
+    };
+    let first = run();
+    let cache_bytes: u64 = std::fs::read_dir(&dir)
+        .unwrap()
+        .filter_map(|e| e.ok()?.metadata().ok())
+        .map(|m| m.len())
+        .sum();
+    let second = run();
+    std::fs::remove_dir_all(&dir).ok();
+    assert!(
+        first.0 >= 3 && second.0 == first.0,
+        "{first:?} then {second:?}"
+    );
+    assert!(cache_bytes >= 32, "the first process wrote no cache file");
+    if cache_bytes <= 32 {
+        // Mesa's lavapipe, for one, keeps no pipelines in its cache data: a bare header.
+        compute_core::env::report_reduced(
+            "the driver's pipeline cache data holds no pipelines (a bare 32-byte header)",
+        );
+        return;
+    }
+    if first.1 == 0 {
+        compute_core::env::report_reduced(
+            "the driver fills in no pipeline creation feedback: cache hits cannot be seen",
+        );
+        return;
+    }
+    assert_eq!(
+        first.2, 0,
+        "the first process found pipelines in an empty cache"
+    );
+    assert_eq!(
+        second.2, second.1,
+        "the second process compiled pipelines the first one had cached: {second:?}"
+    );
+}

@@ -286,27 +286,6 @@ pub fn report_reduced(reason: &str) {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn every_setting_is_documented_once() {
-        let mut names = HashSet::new();
-        for s in SETTINGS {
-            assert!(s.name.starts_with("COMPUTE_"), "{}", s.name);
-            assert!(names.insert(s.name), "{} is listed twice", s.name);
-            assert!(!s.meaning.is_empty() && !s.default.is_empty() && !s.accepted.is_empty());
-        }
-    }
-
-    #[test]
-    #[should_panic(expected = "not in compute_core::env::SETTINGS")]
-    fn an_undocumented_setting_is_a_bug() {
-        let _ = text("COMPUTE_NOT_A_SETTING");
-    }
-}
-
 /// The variable [`run_test_in_child`] sets in the child, so that the test knows it is the child.
 pub const CHILD_TEST_VAR: &str = "COMPUTE_CHILD_TEST";
 
@@ -340,4 +319,25 @@ pub fn run_test_in_child(name: &str, env: &[(&str, &std::ffi::OsStr)]) -> Result
 /// Whether this process is the child [`run_test_in_child`] started for test `name`.
 pub fn is_child_test(name: &str) -> bool {
     std::env::var(CHILD_TEST_VAR).is_ok_and(|v| v == name)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_setting_is_documented_once() {
+        let mut names = HashSet::new();
+        for s in SETTINGS {
+            assert!(s.name.starts_with("COMPUTE_"), "{}", s.name);
+            assert!(names.insert(s.name), "{} is listed twice", s.name);
+            assert!(!s.meaning.is_empty() && !s.default.is_empty() && !s.accepted.is_empty());
+        }
+    }
+
+    #[test]
+    #[should_panic(expected = "not in compute_core::env::SETTINGS")]
+    fn an_undocumented_setting_is_a_bug() {
+        let _ = text("COMPUTE_NOT_A_SETTING");
+    }
 }

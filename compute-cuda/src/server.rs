@@ -1472,6 +1472,17 @@ impl ComputeServer for CudaServer {
         {
             return ready(Err(e));
         }
+        // Items kept alive until the work so far completes (a released graph's buffers) get
+        // their event now, so that they are free once this sync has returned.
+        if let Err(e) = self.context.bind() {
+            return ready(Err(e));
+        }
+        if let Some(state) = self.streams.get_mut(&stream)
+            && state.capture.is_none()
+            && let Err(e) = state.seal(&mut self.events)
+        {
+            return ready(Err(e));
+        }
         match self.record_fresh(stream) {
             Ok(event) => Box::pin(self.event_future(event)),
             Err(e) => ready(Err(e)),
@@ -1483,12 +1494,26 @@ impl ComputeServer for CudaServer {
     }
 
     fn memory_usage(&mut self, stream: StreamId) -> Result<MemoryUsage, ServerError> {
+        self.context.bind()?;
+        let events = &mut self.events;
+        let state = self.streams.get_mut(&stream);
+        if let Some(state) = state {
+            // What completed work kept alive (a dropped graph's buffers, say) is free by now:
+            // report it so, without waiting for a later call to retire it.
+            state.retire_completed(events);
+        }
         Ok(self.stream(stream)?.memory.memory_usage())
     }
 
     fn memory_cleanup(&mut self, stream: StreamId) {
         self.settle_quietly();
         if self.context.bind().is_err() {
+            return;
+        }
+        // Freeing device or pinned memory synchronises the device implicitly, which invalidates
+        // a capture running on any stream of it: while one runs, the cleanup waits for a later
+        // call (what it would free stays pooled and reusable meanwhile).
+        if self.streams.values().any(|s| s.capture.is_some()) {
             return;
         }
         self.staging.release(&mut self.events);
@@ -1507,6 +1532,15 @@ impl ComputeServer for CudaServer {
             return true;
         };
         if self.context.bind().is_err() {
+            return false;
+        }
+        // A capturing stream is not retired, and not even queried: a status query of a
+        // capturing stream invalidates its capture.
+        if self
+            .streams
+            .get(&stream)
+            .is_some_and(|s| s.capture.is_some())
+        {
             return false;
         }
         if wait {

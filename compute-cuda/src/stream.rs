@@ -218,6 +218,12 @@ impl StreamState {
             return;
         }
         self.since_retire = 0;
+        self.retire_completed(events);
+    }
+
+    /// Drop what completed work kept alive, now (a query per completed event, stopping at the
+    /// first that is still pending).
+    pub(crate) fn retire_completed(&mut self, events: &mut EventPool) {
         while let Some((event, _)) = self.pending.front() {
             // SAFETY: the event was recorded on this stream and is still owned by the queue.
             match unsafe { result::event::query(event.0) } {

@@ -241,8 +241,8 @@ fn a_failed_free_reaches_the_next_report() {
 }
 
 /// `staging` really hands out page-locked memory: the driver knows the staged bytes' pages
-/// (`cuMemHostGetFlags` succeeds at the first and the last byte, with the portable flag the
-/// ring allocates with), while it refuses the same query on an ordinary heap buffer.
+/// (`cuMemHostGetFlags` succeeds at the first and the last byte), while it refuses the same
+/// query on an ordinary heap buffer.
 #[test]
 fn staging_returns_pinned_memory() {
     use cudarc::driver::{result, sys};
@@ -276,8 +276,10 @@ fn staging_returns_pinned_memory() {
         for at in [0, size - 1] {
             // SAFETY: in bounds of `staged`.
             let ptr = unsafe { staged.as_ptr().add(at) };
-            let flags = host_flags(ptr).unwrap_or_else(|e| panic!("{size} B at {at}: {e:?}"));
-            assert_ne!(flags & sys::CU_MEMHOSTALLOC_PORTABLE, 0, "flags {flags:#x}");
+            // The call succeeds only for page-locked memory the driver allocated or
+            // registered; the flags it returns depend on the platform (device-mapped where
+            // unified addressing is on), so only success is checked.
+            host_flags(ptr).unwrap_or_else(|e| panic!("{size} B at {at}: {e:?}"));
         }
         let h = client.create(staged);
         assert!(client.read_one(h).unwrap().iter().all(|&b| b == 3));

@@ -33,7 +33,12 @@ pub fn honest_profile_scales_with_work<R: Runtime>(client: ComputeClient<R>) {
     // Warm the compile caches first, so neither figure includes a compile; then alternate the
     // two sizes (best of five each), so a slow spell of the machine hits both alike.
     once(1);
-    let base = 2_000;
+    // Enough iterations that the shorter run takes at least 1 ms, so that a fast device's fixed
+    // costs (event timing, launch) do not swamp the work.
+    let mut base = 2_000u32;
+    while once(base) < Duration::from_millis(1) && base < 1 << 24 {
+        base *= 4;
+    }
     let (mut short, mut long) = (Duration::MAX, Duration::MAX);
     for _ in 0..5 {
         short = short.min(once(base));

@@ -45,9 +45,10 @@ pub fn measure_throughput_reports<R: Runtime>(client: ComputeClient<R>) {
 }
 
 /// `measure_throughput`'s copy figure agrees with a copy kernel of the same size written and
-/// timed here, independently of the probe (host clock around launches and a sync): the two rates
-/// are within a factor of 3 (best of 3 each). The probe's arithmetic figure scales with its work:
-/// 4x the iterations per unit take 1.5x to 16x the time.
+/// timed here, independently of the probe's kernel and formula (our own kernel, our own byte
+/// count, timed with `profile` around one launch): the two rates are within a factor of 3 (best
+/// of 3 each). The probe's arithmetic figure scales with its work: 4x the iterations per unit
+/// take 1.5x to 16x the time, once the shorter run takes at least 1 ms.
 pub fn measure_throughput_matches_an_independent_timing<R: Runtime>(client: ComputeClient<R>) {
     use compute_core::kernel::KernelBuilder;
     let cube_dim = kernels::CUBE_DIM;
@@ -87,15 +88,10 @@ pub fn measure_throughput_matches_an_independent_timing<R: Runtime>(client: Comp
     };
     launch();
     block_on(client.sync()).unwrap();
-    let reps = 3;
     let independent = (0..3)
         .map(|_| {
-            let start = Instant::now();
-            for _ in 0..reps {
-                launch();
-            }
-            block_on(client.sync()).unwrap();
-            (reps * 2 * elems * 4) as f64 / start.elapsed().as_secs_f64()
+            let ((), d) = client.profile(launch, "independent_copy").unwrap();
+            (2 * elems * 4) as f64 / d.duration.as_secs_f64().max(1e-9)
         })
         .fold(0.0f64, f64::max);
     let got = client.read_one(dst).unwrap().to_elems::<f32>();
@@ -128,11 +124,16 @@ pub fn measure_throughput_matches_an_independent_timing<R: Runtime>(client: Comp
             .min()
             .unwrap()
     };
-    let (short, long) = (arith(2048), arith(8192));
+    let mut work = 2048u32;
+    while arith(work) < Duration::from_millis(1) && work < 1 << 24 {
+        work *= 4;
+    }
+    let (short, long) = (arith(work), arith(4 * work));
     let scale = long.as_secs_f64() / short.as_secs_f64().max(1e-9);
     assert!(
         (1.5..=16.0).contains(&scale),
-        "4x the probe's work took {scale:.2}x the time ({short:?} -> {long:?})"
+        "4x the probe's work ({work} -> {} per unit) took {scale:.2}x the time ({short:?} -> {long:?})",
+        4 * work
     );
 }
 

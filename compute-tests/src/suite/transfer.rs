@@ -75,10 +75,17 @@ pub fn pitched_tensor_reads<R: Runtime>(client: ComputeClient<R>) {
     assert_eq!(layout.strides[1], 1);
     assert!(layout.strides[0] >= cols);
     if let Some(align) = client.properties().pitch_alignment {
+        // The pitch scales with the row: the alignment, or the row's own size rounded up to a
+        // power of two when that is smaller (compute_core::layout::pitched_strides).
+        let align = align.min((cols * 4).next_power_of_two());
         assert_eq!(
             (layout.strides[0] * 4) % align,
             0,
             "rows must be aligned to {align}"
+        );
+        assert!(
+            layout.strides[0] * 4 < cols * 4 + align,
+            "no more padding than the alignment"
         );
     } else {
         assert!(layout.is_contiguous());

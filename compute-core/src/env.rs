@@ -69,6 +69,12 @@ pub const SETTINGS: &[Setting] = &[
         "baseline",
     ),
     setting(
+        "COMPUTE_CPU_SPLIT",
+        "pieces per worker thread a CPU launch's cubes are split into (load balance against per-piece cost)",
+        "4",
+        "a number from 1 to 256",
+    ),
+    setting(
         "COMPUTE_WGPU_DEVICES",
         "number of logical wgpu devices (spread over the adapters)",
         "the number of adapters, at least 2",

@@ -61,6 +61,22 @@ pub const MAX_UNITS_PER_CUBE: u32 = 1024;
 /// The largest shared memory of one cube, in bytes.
 pub const MAX_SHARED_MEMORY_BYTES: u64 = 64 * 1024;
 
+/// How a launch of `total` cubes is split over rayon's pool: `(cubes per piece, pieces,
+/// threads)`. `COMPUTE_CPU_SPLIT` pieces per thread (default 4): more pieces balance the load
+/// better, each costs a task and the piece's per-unit state.
+pub(crate) fn split(total: u64) -> (u64, u64, u64) {
+    static PER_THREAD: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    let per_thread = *PER_THREAD.get_or_init(|| {
+        compute_core::env::parsed("COMPUTE_CPU_SPLIT", |v| {
+            v.parse::<u64>().ok().filter(|n| (1..=256).contains(n))
+        })
+        .unwrap_or(4)
+    });
+    let threads = rayon::current_num_threads() as u64;
+    let chunk = (total / (threads * per_thread)).max(1);
+    (chunk, total.div_ceil(chunk), threads)
+}
+
 /// One buffer bound to a launch, as raw memory (see [`Plan::execute`] for the contract).
 #[derive(Debug, Clone, Copy)]
 pub struct BufferArg<'a> {

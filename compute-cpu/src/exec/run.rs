@@ -66,9 +66,7 @@ impl Plan {
     pub(crate) fn run_launch(&self, launch: &Launch<'_>) {
         let [x, y, z] = launch.cube_count;
         let total = x as u64 * y as u64 * z as u64;
-        let threads = rayon::current_num_threads() as u64;
-        let chunk = (total / (threads * 4)).max(1);
-        let chunks = total.div_ceil(chunk);
+        let (chunk, chunks, threads) = super::split(total);
         if chunks <= 1 || threads == 1 {
             self.run_cubes(launch, 0..total);
         } else {

@@ -322,6 +322,42 @@ pub fn run_test_in_child(name: &str, env: &[(&str, &std::ffi::OsStr)]) -> Result
     Ok(stdout)
 }
 
+/// Run the test `name` in a child process (see [`run_test_in_child`]) and read the counts it
+/// printed on a line `{prefix}key=value key=value ...`: the values by key.
+pub fn child_test_counts(
+    name: &str,
+    env: &[(&str, &std::ffi::OsStr)],
+    prefix: &str,
+) -> Result<std::collections::BTreeMap<String, u64>, String> {
+    let out = run_test_in_child(name, env)?;
+    let line = out
+        .lines()
+        .find_map(|l| l.split_once(prefix).map(|(_, rest)| rest))
+        .ok_or_else(|| format!("no line with {prefix:?} from the child:\n{out}"))?;
+    line.split_whitespace()
+        .map(|kv| {
+            let (k, v) = kv
+                .split_once('=')
+                .ok_or_else(|| format!("{kv:?} in {line:?} is not key=value"))?;
+            let v = v.parse().map_err(|e| format!("{kv:?} in {line:?}: {e}"))?;
+            Ok((k.to_string(), v))
+        })
+        .collect()
+}
+
+/// A new, empty directory under the system's temporary directory, for a test (named by
+/// `label`, the process and the time, so that concurrent runs do not share it).
+pub fn scratch_dir(label: &str) -> std::path::PathBuf {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let dir = std::env::temp_dir().join(format!("{label}-{}-{nanos}", std::process::id()));
+    if let Err(e) = std::fs::create_dir_all(&dir) {
+        panic!("cannot create the scratch directory {}: {e}", dir.display());
+    }
+    dir
+}
+
 /// Whether this process is the child [`run_test_in_child`] started for test `name`.
 pub fn is_child_test(name: &str) -> bool {
     std::env::var(CHILD_TEST_VAR).is_ok_and(|v| v == name)

@@ -322,32 +322,15 @@ fn a_second_process_compiles_nothing() {
         println!("compiles: nvrtc={} disk={}", n.nvrtc, n.disk_loads);
         return;
     }
-    let dir = std::env::temp_dir().join(format!(
-        "compute-cuda-cache-test-{}-{}",
-        std::process::id(),
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_nanos()
-    ));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = compute_core::env::scratch_dir("compute-cuda-cache-test");
     let run = || -> (u64, u64) {
-        let out = compute_core::env::run_test_in_child(
+        let n = compute_core::env::child_test_counts(
             NAME,
             &[("COMPUTE_CUDA_CACHE_DIR", dir.as_os_str())],
+            "compiles: ",
         )
         .unwrap();
-        let line = out
-            .lines()
-            .find_map(|l| l.split_once("compiles: ").map(|(_, rest)| rest))
-            .unwrap_or_else(|| panic!("no counts from the child:\n{out}"));
-        let field = |key: &str| -> u64 {
-            line.split_whitespace()
-                .find_map(|kv| kv.strip_prefix(key))
-                .and_then(|v| v.parse().ok())
-                .unwrap_or_else(|| panic!("{key} in {line:?}"))
-        };
-        (field("nvrtc="), field("disk="))
+        (n["nvrtc"], n["disk"])
     };
     let first = run();
     let second = run();

@@ -148,32 +148,15 @@ fn a_second_process_creates_its_pipelines_from_the_disk_cache() {
         );
         return;
     }
-    let dir = std::env::temp_dir().join(format!(
-        "compute-vulkan-cache-test-{}-{}",
-        std::process::id(),
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_nanos()
-    ));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = compute_core::env::scratch_dir("compute-vulkan-cache-test");
     let run = || -> (u64, u64, u64) {
-        let out = compute_core::env::run_test_in_child(
+        let n = compute_core::env::child_test_counts(
             NAME,
             &[(compute_vulkan::CACHE_DIR_ENV, dir.as_os_str())],
+            "pipelines: ",
         )
         .unwrap();
-        let line = out
-            .lines()
-            .find_map(|l| l.split_once("pipelines: ").map(|(_, rest)| rest))
-            .unwrap_or_else(|| panic!("no counts from the child:\n{out}"));
-        let field = |key: &str| -> u64 {
-            line.split_whitespace()
-                .find_map(|kv| kv.strip_prefix(key))
-                .and_then(|v| v.parse().ok())
-                .unwrap_or_else(|| panic!("{key} in {line:?}"))
-        };
-        (field("created="), field("feedback="), field("hits="))
+        (n["created"], n["feedback"], n["hits"])
     };
     let first = run();
     let cache_bytes: u64 = std::fs::read_dir(&dir)

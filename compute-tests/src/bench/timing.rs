@@ -41,3 +41,33 @@ pub fn calibrate(target: Duration, mut f: impl FnMut()) -> usize {
 pub fn progress(what: &str) {
     eprintln!("bench: {what} ...");
 }
+
+/// Seconds per launch of `kernel`, a vec4 copy kernel of 256 units per cube (input, output),
+/// over `src` copied into a fresh buffer: `reps` launches back to back with one wait at the end
+/// (as the CUDA row does), best of 5: the kernel's bandwidth, not the launch+sync latency.
+pub fn copy_kernel_time<R: compute_core::Runtime>(
+    client: &compute_core::ComputeClient<R>,
+    kernel: <R::Server as compute_core::server::ComputeServer>::Kernel,
+    src: compute_core::Bytes,
+    reps: usize,
+) -> f64 {
+    use compute_core::{CubeCount, KernelArguments, block_on};
+    let size = src.len();
+    let input = client.create(src);
+    let output = client.empty(size);
+    let count = CubeCount::cover(size / 16, 256);
+    let args = KernelArguments::new()
+        .buffer(input.clone().binding())
+        .buffer(output.clone().binding());
+    // SAFETY: the launch covers size / 16 vec4 items of both buffers exactly (the callers pass
+    // a multiple of 4096 bytes).
+    let copy = || unsafe { client.launch_unchecked(kernel.clone(), count.clone(), args.clone()) };
+    copy();
+    block_on(client.sync()).expect("sync");
+    best_per_call(5, 1, || {
+        for _ in 0..reps {
+            copy();
+        }
+        block_on(client.sync()).expect("sync");
+    }) / reps as f64
+}

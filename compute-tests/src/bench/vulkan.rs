@@ -756,26 +756,8 @@ fn bandwidth(client: &ComputeClient<VulkanRuntime>, raw: &Raw, size: usize) -> R
     Ok(rows)
 }
 
-/// Seconds per copy of our copy kernel over `src` (f32x4, read + write), kernels back to back
-/// with one wait at the end (as the CUDA row does): the kernel's bandwidth, not launch+sync.
+/// Seconds per copy of our copy kernel over `src` (f32x4, read + write).
 fn ours_copy_time(client: &ComputeClient<VulkanRuntime>, src: Bytes) -> f64 {
-    let size = src.len();
     let kernel: VulkanKernel = copy_kernel().into();
-    let input = client.create(src);
-    let output = client.empty(size);
-    let count = CubeCount::cover(size / 16, 256);
-    let args = KernelArguments::new()
-        .buffer(input.clone().binding())
-        .buffer(output.clone().binding());
-    // SAFETY: the launch covers size / 16 vec4 items of both buffers exactly (size is a multiple
-    // of 1 MiB).
-    let copy = || unsafe { client.launch_unchecked(kernel.clone(), count.clone(), args.clone()) };
-    copy();
-    block_on(client.sync()).expect("sync");
-    best_per_call(5, 1, || {
-        for _ in 0..COPY_REPS {
-            copy();
-        }
-        block_on(client.sync()).expect("sync");
-    }) / COPY_REPS as f64
+    super::timing::copy_kernel_time(client, kernel, src, COPY_REPS)
 }

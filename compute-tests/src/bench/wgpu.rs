@@ -377,24 +377,8 @@ fn bandwidth(client: &ComputeClient<WgpuRuntime>, raw: &Raw) -> Vec<Row> {
 
     // Copy kernel against copy_buffer_to_buffer.
     let kernel: WgpuKernel = copy_kernel().into();
-    let input = client.create(Bytes::from_slice(&src));
-    let output = client.empty(size);
-    let count = CubeCount::cover(size / 16, 256);
-    let args = KernelArguments::new()
-        .buffer(input.clone().binding())
-        .buffer(output.clone().binding());
-    // SAFETY: the launch covers size / 16 vec4 items of both buffers exactly (size is a multiple of 4096).
-    let copy = || unsafe { client.launch_unchecked(kernel.clone(), count.clone(), args.clone()) };
-    copy();
-    block_on(client.sync()).expect("sync");
-    // Kernels back to back, one wait at the end (as the CUDA row does): the figure is the
-    // kernel's bandwidth, not the launch+sync latency.
-    let ours_copy = best_per_call(5, 1, || {
-        for _ in 0..COPY_REPS {
-            copy();
-        }
-        block_on(client.sync()).expect("sync");
-    }) / COPY_REPS as f64;
+    let ours_copy =
+        super::timing::copy_kernel_time(client, kernel, Bytes::from_slice(&src), COPY_REPS);
     let usage =
         wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST;
     let a = raw.buffer(size as u64, usage);

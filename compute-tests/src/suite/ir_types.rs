@@ -131,9 +131,36 @@ pub fn ir_types_load_store_every_elem<R: Runtime>(client: ComputeClient<R>) {
     }
 }
 
+/// Launch `def` (one unit, output buffer 0, scalar `v` of element type `elem`) and check its
+/// output against `expected`, unless the backend lacks `elem` (then the launch must have failed
+/// cleanly, see [`feature_gate`]).
+fn check_scalar_kernel<R: Runtime, T, O>(
+    client: &ComputeClient<R>,
+    def: &compute_core::kernel::KernelDefinition,
+    elem: ElemType,
+    v: T,
+    expected: &[O],
+    what: &str,
+) where
+    T: Into<ScalarValue>,
+    O: Elem + PartialEq + core::fmt::Debug,
+{
+    let h = zeros::<R, O>(client, expected.len());
+    launch(
+        client,
+        def,
+        [1, 1, 1],
+        KernelArguments::new().buffer(h.clone().binding()).scalar(v),
+    );
+    if !feature_gate(client, client.features().supports(elem), elem.name()) {
+        return;
+    }
+    assert_same(&download::<R, O>(client, &h), expected, what);
+}
+
 fn scalar_case<R: Runtime, T>(client: &ComputeClient<R>, v: T, doubled: T)
 where
-    T: Elem + Into<ScalarValue> + PartialEq,
+    T: Elem + Into<ScalarValue> + PartialEq + core::fmt::Debug,
 {
     let elem = T::ELEM;
     let mut k = KernelBuilder::new(&format!("ir_scalar_{elem}"), [1, 1, 1]);
@@ -143,21 +170,8 @@ where
     let d = k.add(s, s);
     k.store(out, 1u32, d);
     let def = build(k);
-    let h = zeros::<R, T>(client, 2);
-    launch(
-        client,
-        &def,
-        [1, 1, 1],
-        KernelArguments::new().buffer(h.clone().binding()).scalar(v),
-    );
-    if !feature_gate(client, client.features().supports(elem), elem.name()) {
-        return;
-    }
-    assert_same(
-        &download::<R, T>(client, &h),
-        &[v, doubled],
-        &format!("scalar {elem}: [s, s + s]"),
-    );
+    let what = format!("scalar {elem}: [s, s + s]");
+    check_scalar_kernel(client, &def, elem, v, &[v, doubled], &what);
 }
 
 /// A scalar parameter of every element type arrives exactly and takes part in arithmetic
@@ -231,21 +245,8 @@ where
     let back = k.cast(f, ElemType::I32);
     k.store(out, 1u32, back);
     let def = build(k);
-    let h = zeros::<R, i32>(client, 2);
-    launch(
-        client,
-        &def,
-        [1, 1, 1],
-        KernelArguments::new().buffer(h.clone().binding()).scalar(v),
-    );
-    if !feature_gate(client, client.features().supports(elem), elem.name()) {
-        return;
-    }
-    assert_same(
-        &download::<R, i32>(client, &h),
-        &[want, want],
-        &format!("scalar {elem} widened to i32 and through f32"),
-    );
+    let what = format!("scalar {elem} widened to i32 and through f32");
+    check_scalar_kernel(client, &def, elem, v, &[want, want], &what);
 }
 
 /// Small-integer scalars (i8, i16, u8, u16), negative values and the extremes included, reach

@@ -488,6 +488,56 @@ struct Worker<R> {
     thread: std::thread::JoinHandle<()>,
 }
 
+/// The group a collective names, sorted and without repeats, checked once for every backend:
+/// it contains `me`, and names only devices of `me`'s type below `count` (the devices of
+/// `backend`).
+pub fn check_group(
+    devices: &[DeviceId],
+    me: DeviceId,
+    count: u32,
+    backend: &str,
+) -> Result<Vec<DeviceId>, ServerError> {
+    let mut group = devices.to_vec();
+    group.sort();
+    group.dedup();
+    if !group.contains(&me) {
+        return Err(CollectiveError::NotInGroup { group, device: me }.into());
+    }
+    if let Some(&bad) = group
+        .iter()
+        .find(|d| d.type_id != me.type_id || d.index_id >= count)
+    {
+        return Err(CollectiveError::UnknownDevice {
+            device: bad,
+            count,
+            backend: backend.to_string(),
+        }
+        .into());
+    }
+    Ok(group)
+}
+
+/// The arguments of an all-reduce over `group`, checked once for every backend: the group was
+/// initialised (`initialised`), and input and output are the same whole number of elements.
+pub fn check_all_reduce(
+    group: &[DeviceId],
+    initialised: bool,
+    src: u64,
+    dst: u64,
+    dtype: ElemType,
+) -> Result<(), ServerError> {
+    if !initialised {
+        return Err(CollectiveError::NotInitialised {
+            group: group.to_vec(),
+        }
+        .into());
+    }
+    if src != dst || !src.is_multiple_of(dtype.size() as u64) {
+        return Err(CollectiveError::Sizes { src, dst, dtype }.into());
+    }
+    Ok(())
+}
+
 /// The backend-independent collective state of one server of a host-staged backend (wgpu,
 /// Vulkan): the initialised groups, the round numbers per group, the output slices that queued
 /// rounds have not written yet, the worker threads that run the rounds and the errors they raised.
@@ -667,6 +717,46 @@ fn run<R>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn group_and_all_reduce_checks_give_structured_errors() {
+        let (a, b, far) = (
+            DeviceId::new(5, 0),
+            DeviceId::new(5, 1),
+            DeviceId::new(5, 9),
+        );
+        assert_eq!(check_group(&[b, a, b], a, 2, "test").unwrap(), vec![a, b]);
+        assert!(matches!(
+            check_group(&[b], a, 2, "test"),
+            Err(ServerError::Collective(CollectiveError::NotInGroup { device, .. })) if device == a
+        ));
+        assert!(matches!(
+            check_group(&[a, far], a, 2, "test"),
+            Err(ServerError::Collective(CollectiveError::UnknownDevice { device, count: 2, .. })) if device == far
+        ));
+        assert!(check_all_reduce(&[a, b], true, 16, 16, ElemType::F32).is_ok());
+        assert!(matches!(
+            check_all_reduce(&[a, b], false, 16, 16, ElemType::F32),
+            Err(ServerError::Collective(
+                CollectiveError::NotInitialised { .. }
+            ))
+        ));
+        assert!(matches!(
+            check_all_reduce(&[a, b], true, 16, 8, ElemType::F32),
+            Err(ServerError::Collective(CollectiveError::Sizes {
+                src: 16,
+                dst: 8,
+                ..
+            }))
+        ));
+        assert!(matches!(
+            check_all_reduce(&[a, b], true, 6, 6, ElemType::F32),
+            Err(ServerError::Collective(CollectiveError::Sizes {
+                src: 6,
+                ..
+            }))
+        ));
+    }
 
     #[test]
     fn host_collectives_order_rounds_and_report_errors() {

@@ -297,25 +297,7 @@ impl CpuServer {
     }
 
     fn check_group(&self, devices: &[DeviceId]) -> Result<Vec<DeviceId>, ServerError> {
-        let mut group = devices.to_vec();
-        group.sort();
-        group.dedup();
-        if !group.contains(&self.owner.device) {
-            return Err(ServerError::InvalidArgument(format!(
-                "collective group {group:?} does not contain this device {}",
-                self.owner.device
-            )));
-        }
-        let count = device_count();
-        if let Some(bad) = group
-            .iter()
-            .find(|d| d.type_id != self.owner.device.type_id || d.index_id >= count)
-        {
-            return Err(ServerError::InvalidArgument(format!(
-                "collective group names device {bad}, which does not exist ({count} CPU devices)"
-            )));
-        }
-        Ok(group)
+        compute_core::collective::check_group(devices, self.owner.device, device_count(), "CPU")
     }
 }
 
@@ -741,18 +723,15 @@ impl ComputeServer for CpuServer {
         _stream: StreamId,
     ) -> Result<(), ServerError> {
         let group = self.check_group(&devices)?;
-        let Some(&comm) = self.comm_streams.get(&group) else {
-            return Err(ServerError::InvalidArgument(format!(
-                "all_reduce over {group:?} before ensure_init_collective for that group"
-            )));
-        };
-        if src.size() != dst.size() || !src.size().is_multiple_of(dtype.size() as u64) {
-            return Err(ServerError::InvalidArgument(format!(
-                "all_reduce from {} to {} bytes of {dtype}",
-                src.size(),
-                dst.size()
-            )));
-        }
+        let comm = self.comm_streams.get(&group).copied();
+        compute_core::collective::check_all_reduce(
+            &group,
+            comm.is_some(),
+            src.size(),
+            dst.size(),
+            dtype,
+        )?;
+        let comm = comm.unwrap_or_else(|| unreachable!("checked initialised just above"));
         let source = self.resolve(&src)?;
         let target = self.resolve(&dst)?;
         let me = self.owner.device;

@@ -184,9 +184,10 @@ pub(crate) fn communicator(
     me: DeviceId,
 ) -> Result<Raw<sys::ncclComm_t>, ServerError> {
     let rank = group.iter().position(|d| *d == me).ok_or_else(|| {
-        ServerError::InvalidArgument(format!(
-            "collective group {group:?} does not contain this device {me}"
-        ))
+        ServerError::from(compute_core::collective::CollectiveError::NotInGroup {
+            group: group.to_vec(),
+            device: me,
+        })
     })?;
     let mut comms = registry();
     if let Some(g) = comms.get(group) {

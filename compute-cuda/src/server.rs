@@ -1231,25 +1231,12 @@ impl CudaServer {
     }
 
     fn check_group(&self, devices: &[DeviceId]) -> Result<Vec<DeviceId>, ServerError> {
-        let mut group = devices.to_vec();
-        group.sort();
-        group.dedup();
-        if !group.contains(&self.owner.device) {
-            return Err(ServerError::InvalidArgument(format!(
-                "collective group {group:?} does not contain this device {}",
-                self.owner.device
-            )));
-        }
-        let count = crate::driver::device_count();
-        if let Some(bad) = group
-            .iter()
-            .find(|d| d.type_id != self.owner.device.type_id || d.index_id >= count)
-        {
-            return Err(ServerError::InvalidArgument(format!(
-                "collective group names device {bad}, which does not exist ({count} CUDA devices)"
-            )));
-        }
-        Ok(group)
+        compute_core::collective::check_group(
+            devices,
+            self.owner.device,
+            crate::driver::device_count(),
+            "CUDA",
+        )
     }
 }
 
@@ -1847,18 +1834,13 @@ impl ComputeServer for CudaServer {
     ) -> Result<(), ServerError> {
         self.settle()?;
         let group = self.check_group(&devices)?;
-        if !self.collective_groups.contains(&group) || !crate::collective::initialised(&group) {
-            return Err(ServerError::InvalidArgument(format!(
-                "all_reduce over {group:?} before ensure_init_collective for that group"
-            )));
-        }
-        if src.size() != dst.size() || !src.size().is_multiple_of(dtype.size() as u64) {
-            return Err(ServerError::InvalidArgument(format!(
-                "all_reduce from {} to {} bytes of {dtype}",
-                src.size(),
-                dst.size()
-            )));
-        }
+        compute_core::collective::check_all_reduce(
+            &group,
+            self.collective_groups.contains(&group) && crate::collective::initialised(&group),
+            src.size(),
+            dst.size(),
+            dtype,
+        )?;
         crate::collective::data_type(dtype)?;
         crate::collective::communicator(&group, self.owner.device)?;
         let source = self.resolve(&src)?;

@@ -781,25 +781,7 @@ impl WgpuServer {
     }
 
     fn check_group(&self, devices: &[DeviceId]) -> Result<Vec<DeviceId>, ServerError> {
-        let mut group = devices.to_vec();
-        group.sort();
-        group.dedup();
-        if !group.contains(&self.owner.device) {
-            return Err(ServerError::InvalidArgument(format!(
-                "collective group {group:?} does not contain this device {}",
-                self.owner.device
-            )));
-        }
-        let count = device_count();
-        if let Some(bad) = group
-            .iter()
-            .find(|d| d.type_id != self.owner.device.type_id || d.index_id >= count)
-        {
-            return Err(ServerError::InvalidArgument(format!(
-                "collective group names device {bad}, which does not exist ({count} wgpu devices)"
-            )));
-        }
-        Ok(group)
+        compute_core::collective::check_group(devices, self.owner.device, device_count(), "wgpu")
     }
 
     /// Record a copy of `len` bytes of `source` into a fresh staging buffer: the buffer and the
@@ -1553,18 +1535,13 @@ impl ComputeServer for WgpuServer {
         _stream: StreamId,
     ) -> Result<(), ServerError> {
         let group = self.check_group(&devices)?;
-        if !self.collectives.is_init(&group) {
-            return Err(ServerError::InvalidArgument(format!(
-                "all_reduce over {group:?} before ensure_init_collective for that group"
-            )));
-        }
-        if src.size() != dst.size() || !src.size().is_multiple_of(dtype.size() as u64) {
-            return Err(ServerError::InvalidArgument(format!(
-                "all_reduce from {} to {} bytes of {dtype}",
-                src.size(),
-                dst.size()
-            )));
-        }
+        compute_core::collective::check_all_reduce(
+            &group,
+            self.collectives.is_init(&group),
+            src.size(),
+            dst.size(),
+            dtype,
+        )?;
         let source = self.resolve(&src)?;
         let target = self.resolve(&dst)?;
         let (staging, delta) = if source.size == 0 {

@@ -1,5 +1,6 @@
 //! The structured errors of collectives and of the multi-process rendezvous.
 
+use crate::device::DeviceId;
 use core::fmt;
 
 /// What the participants of a collective round disagree on.
@@ -114,4 +115,40 @@ pub enum CollectiveError {
     /// The process has joined another world already (or joining it failed before).
     #[error("this process already joined a world: {0}")]
     AlreadyJoined(String),
+    /// A collective's group does not contain the device that runs it.
+    #[error("collective group {group:?} does not contain this device {device}")]
+    NotInGroup {
+        /// The group (sorted, without repeats).
+        group: Vec<DeviceId>,
+        /// The device the call ran on.
+        device: DeviceId,
+    },
+    /// A collective's group names a device this backend does not have.
+    #[error(
+        "collective group names device {device}, which does not exist ({count} {backend} devices)"
+    )]
+    UnknownDevice {
+        /// The device named.
+        device: DeviceId,
+        /// How many devices of the backend's type there are.
+        count: u32,
+        /// The backend.
+        backend: String,
+    },
+    /// A collective over a group before `ensure_init_collective` for that group.
+    #[error("all_reduce over {group:?} before ensure_init_collective for that group")]
+    NotInitialised {
+        /// The group.
+        group: Vec<DeviceId>,
+    },
+    /// An all-reduce whose input and output differ in size, or are not whole elements.
+    #[error("all_reduce from {src} to {dst} bytes of {dtype}")]
+    Sizes {
+        /// Bytes of the input.
+        src: u64,
+        /// Bytes of the output.
+        dst: u64,
+        /// The element type.
+        dtype: crate::elem::ElemType,
+    },
 }

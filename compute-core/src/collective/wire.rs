@@ -243,6 +243,12 @@ pub(crate) fn put_error(w: Writer, e: &CollectiveError) -> Writer {
         E::Io { what, reason } => w.u8(7).str(what).str(reason),
         E::Protocol(m) => w.u8(8).str(m),
         E::AlreadyJoined(m) => w.u8(9).str(m),
+        // Argument errors of a local call are never sent between ranks as such; should one be,
+        // its text travels.
+        E::NotInGroup { .. }
+        | E::UnknownDevice { .. }
+        | E::NotInitialised { .. }
+        | E::Sizes { .. } => w.u8(8).str(&e.to_string()),
     }
 }
 

@@ -114,6 +114,9 @@ pub fn collective_errors<R: Runtime>(mut client: ComputeClient<R>) {
         .collect();
     let a = client.empty(4);
     let b = client.empty(4);
+    use compute_core::ServerError;
+    use compute_core::collective::CollectiveError;
+    let me = client.device_id();
     client.all_reduce(
         a.clone(),
         b.clone(),
@@ -121,13 +124,32 @@ pub fn collective_errors<R: Runtime>(mut client: ComputeClient<R>) {
         others,
         ReduceOperation::Sum,
     );
-    assert!(client.flush().is_err());
-    let never_initialised = vec![
-        client.device_id(),
-        DeviceId::new(client.device_id().type_id, 999),
-    ];
-    client.all_reduce(a, b, ElemType::F32, never_initialised, ReduceOperation::Sum);
-    assert!(client.flush().is_err());
+    let err = client.flush().unwrap_err();
+    assert!(
+        matches!(&err, ServerError::Collective(CollectiveError::NotInGroup { device, .. }) if *device == me),
+        "{err:?}"
+    );
+    let missing = DeviceId::new(me.type_id, 999);
+    client.all_reduce(
+        a.clone(),
+        b.clone(),
+        ElemType::F32,
+        vec![me, missing],
+        ReduceOperation::Sum,
+    );
+    let err = client.flush().unwrap_err();
+    assert!(
+        matches!(&err, ServerError::Collective(CollectiveError::UnknownDevice { device, .. }) if *device == missing),
+        "{err:?}"
+    );
+    // A group that passes the checks above but was never initialised (a device and itself
+    // twice is the one-device group, which no test initialises).
+    client.all_reduce(a, b, ElemType::F32, vec![me, me], ReduceOperation::Sum);
+    let err = client.flush().unwrap_err();
+    assert!(
+        matches!(&err, ServerError::Collective(CollectiveError::NotInitialised { group }) if *group == vec![me]),
+        "{err:?}"
+    );
 }
 
 /// Participants that disagree on the element type or the operation (or the size) all get

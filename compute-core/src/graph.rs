@@ -23,6 +23,27 @@ impl GraphId {
     }
 }
 
+/// The graph `graph` of a server's registry, for a replay on `stream`: the one rule for every
+/// backend (a graph replays on the stream it was captured on, which `captured_on` reads; an
+/// unknown id, or a graph of another server, is an error).
+pub fn graph_for_replay<G, F: Fn(&G) -> StreamId>(
+    graphs: &mut hashbrown::HashMap<GraphId, G>,
+    graph: GraphId,
+    stream: StreamId,
+    captured_on: F,
+) -> Result<&mut G, ServerError> {
+    match graphs.get_mut(&graph) {
+        Some(g) if captured_on(g) == stream => Ok(g),
+        Some(g) => Err(ServerError::InvalidArgument(format!(
+            "graph {graph:?} was captured on {} and replays there, not on {stream}",
+            captured_on(g)
+        ))),
+        None => Err(ServerError::InvalidArgument(format!(
+            "graph {graph:?} is not held by this server"
+        ))),
+    }
+}
+
 /// A captured graph; dropping it releases it on its server.
 ///
 /// The graph keeps alive every buffer it recorded (the handles can be dropped right after the

@@ -658,20 +658,10 @@ impl ComputeServer for CpuServer {
 
     fn graph_replay(&mut self, graph: GraphId, stream: StreamId) -> Result<(), ServerError> {
         self.ensure_not_capturing(stream, "graph replay")?;
-        let launches = match self.graphs.get(&graph) {
-            Some(g) if g.stream == stream => g.launches.clone(),
-            Some(g) => {
-                return Err(ServerError::InvalidArgument(format!(
-                    "graph {graph:?} was captured on {} and replays there, not on {stream}",
-                    g.stream
-                )));
-            }
-            None => {
-                return Err(ServerError::InvalidArgument(format!(
-                    "graph {graph:?} is not held by this server"
-                )));
-            }
-        };
+        let launches =
+            compute_core::graph::graph_for_replay(&mut self.graphs, graph, stream, |g| g.stream)?
+                .launches
+                .clone();
         for launch in launches {
             let bindings: Vec<Binding> = launch.bindings().cloned().collect();
             let refs: Vec<&Binding> = bindings.iter().collect();

@@ -1699,20 +1699,9 @@ impl ComputeServer for CudaServer {
         self.ensure_not_capturing(stream, "graph replay")?;
         // The holds are taken out for the replay (not cloned: one per recorded binding) and put
         // back below.
-        let (exec, holds) = match self.graphs.get_mut(&graph) {
-            Some(g) if g.stream == stream => (g.exec.0, core::mem::take(&mut g.holds)),
-            Some(g) => {
-                return Err(ServerError::InvalidArgument(format!(
-                    "graph {graph:?} was captured on {} and replays there, not on {stream}",
-                    g.stream
-                )));
-            }
-            None => {
-                return Err(ServerError::InvalidArgument(format!(
-                    "graph {graph:?} is not held by this server"
-                )));
-            }
-        };
+        let g =
+            compute_core::graph::graph_for_replay(&mut self.graphs, graph, stream, |g| g.stream)?;
+        let (exec, holds) = (g.exec.0, core::mem::take(&mut g.holds));
         let result = self.replay_holding(exec, stream, &holds);
         if let Some(g) = self.graphs.get_mut(&graph) {
             g.holds = holds;

@@ -1441,20 +1441,9 @@ impl ComputeServer for VulkanServer {
         if let Some(guard) = &mut self.guard {
             guard.unread = true;
         }
-        let cb = match self.graphs.get(&graph) {
-            Some(g) if g.stream == stream => g.cb,
-            Some(g) => {
-                return Err(ServerError::InvalidArgument(format!(
-                    "graph {graph:?} was captured on {} and replays there, not on {stream}",
-                    g.stream
-                )));
-            }
-            None => {
-                return Err(ServerError::InvalidArgument(format!(
-                    "graph {graph:?} is not held by this server"
-                )));
-            }
-        };
+        let cb =
+            compute_core::graph::graph_for_replay(&mut self.graphs, graph, stream, |g| g.stream)?
+                .cb;
         // The graph's first command is a barrier against earlier work.
         self.recorder.append(cb);
         self.recorder.dispatches += 1;

@@ -31,20 +31,21 @@ pub(crate) struct Round {
     pub(crate) op: ReduceOperation,
     pub(crate) dst: WgpuResource,
     pub(crate) dst_slice: SliceId,
-    /// When the output starts or ends inside a 4-byte word (wgpu writes whole words): the
-    /// words it covers, read back with the contribution (`delta` = the output's start in them).
-    /// The round merges its result into them, so the bytes of the words outside the output are
-    /// written back as they were. Nothing else changes them in between: earlier work is before
-    /// the read in queue order, and later work touching the output's slice (which holds those
-    /// words: slices are aligned to at least 4 bytes) waits for the round.
-    pub(crate) dst_words: Option<DstWords>,
+    /// The 4-byte words the output covers only partly (an unaligned head, an unaligned tail;
+    /// wgpu writes whole words), read back with the contribution: the round merges its result
+    /// into them, so the words' bytes outside the output are written back as they were.
+    /// Nothing else changes them in between: earlier work is before the read in queue order, and
+    /// later work touching the output's slice (which holds those words: slices are aligned to at
+    /// least 4 bytes) waits for the round.
+    pub(crate) edges: Vec<EdgeWord>,
 }
 
-/// The 4-byte words an unaligned output covers, being read back.
-pub(crate) struct DstWords {
+/// One 4-byte word an unaligned output covers partly, being read back.
+pub(crate) struct EdgeWord {
+    /// Byte offset of the word in the output's buffer.
+    pub(crate) at: u64,
     pub(crate) mapped: Receiver<Result<(), wgpu::BufferAsyncError>>,
     pub(crate) staging: wgpu::Buffer,
-    pub(crate) delta: u64,
 }
 
 /// The collective state of one server: compute-core's bookkeeping, with a worker per group.
@@ -85,34 +86,39 @@ fn run_round(round: Round, queue: &wgpu::Queue) -> Result<(), ServerError> {
         round.dtype,
         round.op,
     )?;
-    match round.dst_words {
-        None => crate::server::write_aligned(queue, &round.dst, &out)?,
-        Some(words) => {
-            let mapped = compute_core::block_on(words.mapped).ok_or_else(|| {
-                ServerError::Driver("the read of a collective output's edges was dropped".into())
-            })?;
-            mapped.map_err(|e| ServerError::Driver(format!("reading a collective output: {e}")))?;
-            let mut merged = words
+    // The whole words of the output, then its partly covered edge words, merged.
+    let start = round.dst.offset;
+    let end = start + out.len() as u64;
+    let (lo, hi) = (start.next_multiple_of(4), end / 4 * 4);
+    if lo < hi {
+        queue.write_buffer(
+            &round.dst.buffer,
+            lo,
+            &out[(lo - start) as usize..(hi - start) as usize],
+        );
+    }
+    for edge in round.edges {
+        let mapped = compute_core::block_on(edge.mapped).ok_or_else(|| {
+            ServerError::Driver("the read of a collective output's edge was dropped".into())
+        })?;
+        mapped.map_err(|e| ServerError::Driver(format!("reading a collective output: {e}")))?;
+        let mut word = [0u8; 4];
+        word.copy_from_slice(
+            &edge
                 .staging
                 .slice(..)
                 .get_mapped_range()
                 .map_err(|e| ServerError::Driver(format!("reading a collective output: {e}")))?
-                .to_vec();
-            words.staging.unmap();
-            let delta = words.delta as usize;
-            let start = round.dst.offset - words.delta;
-            if !merged.len().is_multiple_of(4) || merged.len() < delta + out.len() {
-                return Err(ServerError::Unsupported(format!(
-                    "wgpu: a collective output of {} bytes at byte {} ends inside the last word \
-                     of a buffer of {} bytes",
-                    out.len(),
-                    round.dst.offset,
-                    round.dst.buffer.size()
-                )));
+                [..4],
+        );
+        edge.staging.unmap();
+        for (b, byte) in word.iter_mut().enumerate() {
+            let at = edge.at + b as u64;
+            if (start..end).contains(&at) {
+                *byte = out[(at - start) as usize];
             }
-            merged[delta..delta + out.len()].copy_from_slice(&out);
-            queue.write_buffer(&round.dst.buffer, start, &merged);
         }
+        queue.write_buffer(&round.dst.buffer, edge.at, &word);
     }
     queue.submit([]);
     Ok(())

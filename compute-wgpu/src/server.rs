@@ -219,38 +219,6 @@ fn strided_span(shape: &[usize], strides: &[usize], elem_size: usize) -> usize {
     (last + 1) * elem_size
 }
 
-/// Plan the write of `len` bytes (from byte `from` of the host data) at `offset` bytes into
-/// `target`: `queue.write_buffer` needs a 4-byte aligned offset and length, so a length that is
-/// not is padded with zeros, which must stay inside the block.
-pub(crate) fn write_part(
-    target: &WgpuResource,
-    offset: u64,
-    from: usize,
-    len: usize,
-) -> Result<WritePart, ServerError> {
-    let at = target.offset + offset;
-    if !at.is_multiple_of(wgpu::COPY_BUFFER_ALIGNMENT) {
-        return Err(ServerError::Unsupported(format!(
-            "wgpu: a write at byte offset {at} of its buffer (wgpu copies need offsets that are multiples of {})",
-            wgpu::COPY_BUFFER_ALIGNMENT
-        )));
-    }
-    let padded = (len as u64).next_multiple_of(wgpu::COPY_BUFFER_ALIGNMENT);
-    if padded != len as u64 && at + padded > target.buffer.size() {
-        return Err(ServerError::Unsupported(format!(
-            "wgpu: a write of {len} bytes at the very end of a buffer of {} bytes (not a multiple of {})",
-            target.buffer.size(),
-            wgpu::COPY_BUFFER_ALIGNMENT
-        )));
-    }
-    Ok(WritePart {
-        at,
-        from,
-        len,
-        padded: padded as usize,
-    })
-}
-
 /// The bytes of a write that fall into 4-byte words it covers only partly, by word offset in the
 /// buffer: `(first byte in the word, start in the host data, length)` for each piece.
 pub(crate) type EdgeWords = std::collections::BTreeMap<u64, Vec<(usize, usize, usize)>>;
@@ -301,29 +269,6 @@ pub(crate) fn plan_write(
     if !end.is_multiple_of(4) && !tail_in_head {
         edge(tail);
     }
-}
-
-/// Write `data` over the whole of `target` with `queue.write_buffer`, for outputs that start
-/// and end on 4-byte words (the host collectives'; an unaligned output has its edge words merged
-/// first, see [`crate::collective::DstWords`]). `ComputeServer::write` changes exactly the bytes
-/// given at any offset (see [`plan_write`]).
-pub(crate) fn write_aligned(
-    queue: &wgpu::Queue,
-    target: &WgpuResource,
-    data: &[u8],
-) -> Result<(), ServerError> {
-    if data.is_empty() {
-        return Ok(());
-    }
-    if !target.offset.is_multiple_of(4) || !data.len().is_multiple_of(4) {
-        return Err(ServerError::Unsupported(format!(
-            "wgpu: a whole-word write of {} bytes at byte {} (both must be multiples of 4)",
-            data.len(),
-            target.offset
-        )));
-    }
-    write_part(target, 0, 0, data.len())?.apply(queue, &target.buffer, data);
-    Ok(())
 }
 
 fn saturate(x: u64) -> u32 {
@@ -1525,13 +1470,8 @@ impl ComputeServer for WgpuServer {
         _stream: StreamId,
     ) -> Result<(), ServerError> {
         let group = self.check_group(&devices)?;
-        compute_core::collective::check_all_reduce(
-            &group,
-            self.collectives.is_init(&group),
-            src.size(),
-            dst.size(),
-            dtype,
-        )?;
+        self.collectives
+            .check_all_reduce(&group, src.size(), dst.size(), dtype)?;
         let source = self.resolve(&src)?;
         let target = self.resolve(&dst)?;
         let (staging, delta) = if source.size == 0 {
@@ -1545,20 +1485,34 @@ impl ComputeServer for WgpuServer {
         } else {
             self.stage_read(&source, source.size)?
         };
-        let end = target.offset + target.size;
-        let dst_words =
-            if target.size > 0 && (!target.offset.is_multiple_of(4) || !end.is_multiple_of(4)) {
-                Some(self.stage_read(&target, target.size)?)
-            } else {
-                None
+        // The words the output covers only partly, read back with the contribution.
+        let (start, end) = (target.offset, target.offset + target.size);
+        let mut edge_words = Vec::new();
+        if target.size > 0 && !start.is_multiple_of(4) {
+            edge_words.push(start / 4 * 4);
+        }
+        if target.size > 0 && !end.is_multiple_of(4) && edge_words.last() != Some(&(end / 4 * 4)) {
+            edge_words.push(end / 4 * 4);
+        }
+        let mut edge_reads = Vec::with_capacity(edge_words.len());
+        for &at in &edge_words {
+            let word = WgpuResource {
+                buffer: target.buffer.clone(),
+                offset: at,
+                size: 4,
             };
+            edge_reads.push((at, self.stage_read(&word, 4)?.0));
+        }
         let index = self.submit_always()?;
         let mapped = map_read(&staging);
-        let dst_words = dst_words.map(|(staging, delta)| crate::collective::DstWords {
-            mapped: map_read(&staging),
-            staging,
-            delta,
-        });
+        let edges = edge_reads
+            .into_iter()
+            .map(|(at, staging)| crate::collective::EdgeWord {
+                at,
+                mapped: map_read(&staging),
+                staging,
+            })
+            .collect();
         self.poller.wait(index, None);
         let seq = self.collectives.next_round(&group, self.owner.device);
         let round = Round {
@@ -1573,7 +1527,7 @@ impl ComputeServer for WgpuServer {
             op,
             dst: target,
             dst_slice: dst.handle().memory().id(),
-            dst_words,
+            edges,
         };
         crate::collective::submit(&mut self.collectives, &self.queue, round)
     }

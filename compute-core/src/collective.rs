@@ -577,6 +577,17 @@ impl<K: Eq + Hash + Clone, R: Send + 'static> HostCollectives<K, R> {
         self.groups.contains(group)
     }
 
+    /// [`check_all_reduce`] for a group of this server: initialised here, sizes that agree.
+    pub fn check_all_reduce(
+        &self,
+        group: &[DeviceId],
+        src: u64,
+        dst: u64,
+        dtype: ElemType,
+    ) -> Result<(), ServerError> {
+        check_all_reduce(group, self.is_init(group), src, dst, dtype)
+    }
+
     /// The next round number of `device` in `group` (the first is 1): see
     /// [`HostRendezvous::next_round`], which keeps the count for the process.
     pub fn next_round(&self, group: &[DeviceId], device: DeviceId) -> u64 {

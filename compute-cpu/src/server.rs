@@ -721,7 +721,9 @@ impl ComputeServer for CpuServer {
             dst.size(),
             dtype,
         )?;
-        let comm = comm.unwrap_or_else(|| unreachable!("checked initialised just above"));
+        let Some(comm) = comm else {
+            unreachable!("check_all_reduce refuses a group that was not initialised")
+        };
         let source = self.resolve(&src)?;
         let target = self.resolve(&dst)?;
         let me = self.owner.device;

@@ -1547,13 +1547,8 @@ impl ComputeServer for VulkanServer {
     ) -> Result<(), ServerError> {
         self.ensure_not_capturing(stream, "all_reduce")?;
         let group = self.check_group(&devices)?;
-        compute_core::collective::check_all_reduce(
-            &group,
-            self.collectives.is_init(&group),
-            src.size(),
-            dst.size(),
-            dtype,
-        )?;
+        self.collectives
+            .check_all_reduce(&group, src.size(), dst.size(), dtype)?;
         let source = self.resolve(&src)?;
         let target = self.resolve(&dst)?;
         let staging = if source.size == 0 {

@@ -577,9 +577,24 @@ impl<R: Runtime> ComputeClient<R> {
 
     /// Returns a resource handle containing the given data.
     ///
-    /// Prefer the more efficient [`create`](Self::create).
+    /// The bytes are read before this returns (the rest is non-blocking). A backend that stages
+    /// host writes itself (CUDA) copies them straight into its staging, with no intermediate host
+    /// copy; elsewhere they are first copied into owned [`Bytes`], as [`create`](Self::create)
+    /// of owned bytes avoids.
     pub fn create_from_slice(&self, slice: &[u8]) -> Handle {
-        self.create(Bytes::from_slice(slice))
+        let stream = self.stream_id();
+        let created = self.with_server(|server| {
+            let handle = server.create_buffer(slice.len() as u64, stream)?;
+            if !slice.is_empty() {
+                let descriptor = handle.clone().copy_descriptor_bytes();
+                server.write_from_slice(descriptor, slice, stream)?;
+            }
+            Ok(handle)
+        });
+        created.unwrap_or_else(|e| {
+            self.push_error(stream, e);
+            self.failed_handle(stream)
+        })
     }
 
     /// Returns a resource handle containing the given [`Bytes`]. Non-blocking.

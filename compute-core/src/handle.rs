@@ -262,6 +262,21 @@ impl CopyDescriptor {
         }
         Ok(())
     }
+
+    /// The check of every write: [`validate`](Self::validate), and `len` (the host data's
+    /// length) exactly the descriptor's compact size, else [`LayoutError::DataLength`].
+    pub fn validate_write(&self, len: usize) -> Result<(), ServerError> {
+        self.validate()?;
+        let expected = self.compact_size();
+        if len != expected {
+            return Err(LayoutError::DataLength {
+                given: len as u64,
+                expected: expected as u64,
+            }
+            .into());
+        }
+        Ok(())
+    }
 }
 
 /// A buffer argument of a launch, with optional tensor metadata the kernel can query.

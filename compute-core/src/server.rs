@@ -75,6 +75,19 @@ pub trait ComputeServer: Send + Sized + 'static {
         stream: StreamId,
     ) -> Result<(), ServerError>;
 
+    /// Enqueue one host-to-device copy from borrowed bytes, read only before this returns: the
+    /// path behind `create_from_slice`. The default copies `data` into owned [`Bytes`] and calls
+    /// [`write`](Self::write); a backend whose write copies pageable bytes into its own staging
+    /// during the call overrides it to skip that intermediate copy.
+    fn write_from_slice(
+        &mut self,
+        descriptor: CopyDescriptor,
+        data: &[u8],
+        stream: StreamId,
+    ) -> Result<(), ServerError> {
+        self.write(vec![(descriptor, Bytes::from_slice(data))], stream)
+    }
+
     /// Enqueue device-to-host copies, ordered after the work already on `stream` (and after the
     /// last use of each buffer on any other stream). Each result is compact (padding removed).
     fn read(

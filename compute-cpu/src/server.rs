@@ -395,14 +395,7 @@ impl ComputeServer for CpuServer {
     ) -> Result<(), ServerError> {
         self.ensure_not_capturing(stream, "write")?;
         for (descriptor, bytes) in writes {
-            descriptor.validate()?;
-            if bytes.len() != descriptor.compact_size() {
-                return Err(compute_core::error::LayoutError::DataLength {
-                    given: bytes.len() as u64,
-                    expected: descriptor.compact_size() as u64,
-                }
-                .into());
-            }
+            descriptor.validate_write(bytes.len())?;
             let target = self.resolve(&descriptor.binding)?;
             let binding = descriptor.binding.clone();
             let command: Command = Box::new(move || {

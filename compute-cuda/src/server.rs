@@ -1069,51 +1069,26 @@ impl CudaServer {
         descriptor: CopyDescriptor,
         bytes: Bytes,
     ) -> Result<(), ServerError> {
-        descriptor.validate()?;
-        if bytes.len() != descriptor.compact_size() {
-            return Err(compute_core::error::LayoutError::DataLength {
-                given: bytes.len() as u64,
-                expected: descriptor.compact_size() as u64,
-            }
-            .into());
+        let contiguous = is_compact(&descriptor.shape, &descriptor.strides);
+        if contiguous && bytes.kind() != BytesKind::Pinned {
+            return self.write_pageable(stream, descriptor, bytes.try_as_slice()?);
         }
+        descriptor.validate_write(bytes.len())?;
         if bytes.is_empty() {
             return Ok(());
         }
         let target = self.resolve(&descriptor.binding)?;
         let binding = descriptor.binding.clone();
-        let contiguous = is_compact(&descriptor.shape, &descriptor.strides);
         let raw = self.stream(stream)?.raw;
-        // A large staged write may go on while the driver calls of the pieces staged before it
-        // on the same stream are still being made (they and its own are made in order): what it
-        // enqueues before its own DMA is only stream waits, which those calls may follow too.
-        // Any other write comes after them.
-        let staged = contiguous
-            && bytes.kind() != BytesKind::Pinned
-            && bytes.len() > SMALL_PIECE
-            && bytes.len() > StagingPlan::get().direct;
-        if !staged || self.issuing.as_ref().is_some_and(|(_, s)| s.0 != raw.0) {
-            self.settle()?;
-        }
+        self.settle()?;
         self.order_after(stream, &[&binding])?;
-        let mut keep = None;
-        if contiguous && bytes.kind() != BytesKind::Pinned {
-            let src = bytes.try_as_slice()?;
-            if src.len() <= StagingPlan::get().direct {
-                // SAFETY: pageable host-to-device copies return once the driver staged the
-                // bytes; `target` holds `src.len()` bytes (validated).
-                unsafe { result::memcpy_htod_async(target.ptr, src, raw.0) }
-                    .check("cuMemcpyHtoDAsync")?;
-            } else {
-                self.write_staged(raw, target.ptr, src)?;
-            }
-        } else if contiguous {
+        let keep = if contiguous {
             let src = bytes.try_as_slice()?;
             // SAFETY: `src` is pinned and kept alive (below) until the copy completed; `target`
             // holds `src.len()` bytes (validated).
             unsafe { result::memcpy_htod_async(target.ptr, src, raw.0) }
                 .check("cuMemcpyHtoDAsync")?;
-            keep = Some(KeepAlive::Bytes(bytes));
+            KeepAlive::Bytes(bytes)
         } else {
             let (host, hold) = if bytes.kind() == BytesKind::Pinned {
                 let ptr = bytes.try_as_slice()?.as_ptr().cast_mut();
@@ -1130,14 +1105,51 @@ impl CudaServer {
                 // the strided span fits `target` (validated).
                 unsafe { copy_block(block, host, target.ptr, true, raw.0) }?;
             }
-            keep = Some(hold);
+            hold
+        };
+        self.mark(stream, &[&binding], Some(keep))
+    }
+
+    /// A contiguous write from pageable host bytes, which it reads only before it returns (they
+    /// are copied into pinned staging, or handed to the driver's own staging copy): the path of
+    /// both owned pageable [`Bytes`] and a borrowed slice ([`ComputeServer::write_from_slice`]).
+    fn write_pageable(
+        &mut self,
+        stream: StreamId,
+        descriptor: CopyDescriptor,
+        src: &[u8],
+    ) -> Result<(), ServerError> {
+        descriptor.validate_write(src.len())?;
+        if src.is_empty() {
+            return Ok(());
+        }
+        let target = self.resolve(&descriptor.binding)?;
+        let binding = descriptor.binding.clone();
+        let raw = self.stream(stream)?.raw;
+        // A large staged write may go on while the driver calls of the pieces staged before it
+        // on the same stream are still being made (they and its own are made in order): what it
+        // enqueues before its own DMA is only stream waits, which those calls may follow too.
+        // Any other write comes after them.
+        let direct = src.len() <= StagingPlan::get().direct;
+        let staged = src.len() > SMALL_PIECE && !direct;
+        if !staged || self.issuing.as_ref().is_some_and(|(_, s)| s.0 != raw.0) {
+            self.settle()?;
+        }
+        self.order_after(stream, &[&binding])?;
+        if direct {
+            // SAFETY: pageable host-to-device copies return once the driver staged the bytes;
+            // `target` holds `src.len()` bytes (validated).
+            unsafe { result::memcpy_htod_async(target.ptr, src, raw.0) }
+                .check("cuMemcpyHtoDAsync")?;
+        } else {
+            self.write_staged(raw, target.ptr, src)?;
         }
         if staged && binding.handle().stream() != stream {
             // Keeping a buffer of another stream's pool alive can record an event on the
             // stream, which must follow the DMA.
             self.settle()?;
         }
-        self.mark(stream, &[&binding], keep)
+        self.mark(stream, &[&binding], None)
     }
 
     fn read_inner(
@@ -1309,6 +1321,21 @@ impl ComputeServer for CudaServer {
             self.write_one(stream, descriptor, bytes)?;
         }
         Ok(())
+    }
+
+    fn write_from_slice(
+        &mut self,
+        descriptor: CopyDescriptor,
+        data: &[u8],
+        stream: StreamId,
+    ) -> Result<(), ServerError> {
+        self.ensure_not_capturing(stream, "write")?;
+        if is_compact(&descriptor.shape, &descriptor.strides) {
+            // Staged straight from the borrowed bytes: no intermediate host copy.
+            self.write_pageable(stream, descriptor, data)
+        } else {
+            self.write_one(stream, descriptor, Bytes::from_slice(data))
+        }
     }
 
     fn read(

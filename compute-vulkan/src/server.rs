@@ -560,6 +560,50 @@ impl VulkanServer {
             .is_some_and(|s| s.capture.is_some())
     }
 
+    /// One write: `data` (the descriptor's compact bytes) copied into the linear staging and a
+    /// copy from there recorded. `data` is read only during the call.
+    fn write_staged(
+        &mut self,
+        descriptor: &CopyDescriptor,
+        data: &[u8],
+    ) -> Result<(), ServerError> {
+        descriptor.validate_write(data.len())?;
+        let target = self.resolve(&descriptor.binding)?;
+        if data.is_empty() {
+            return Ok(());
+        }
+        let (src, src_offset) = self.recorder.linear.push(&self.ctx, data, 16)?;
+        let regions: Vec<vk::BufferCopy> = if is_contiguous(&descriptor.shape, &descriptor.strides)
+        {
+            vec![vk::BufferCopy {
+                src_offset,
+                dst_offset: target.offset,
+                size: data.len() as u64,
+            }]
+        } else {
+            let mut rows = Vec::new();
+            for_each_row(
+                &descriptor.shape,
+                &descriptor.strides,
+                descriptor.elem_size,
+                |s, c, n| {
+                    rows.push(vk::BufferCopy {
+                        src_offset: src_offset + c as u64,
+                        dst_offset: target.offset + s as u64,
+                        size: n as u64,
+                    });
+                },
+            );
+            rows
+        };
+        // The regions lie inside the staging chunk and the block.
+        self.recorder
+            .command(stage::TRANSFER)
+            .copy(src, target.buffer, &regions);
+        self.recorder.dispatches += 1;
+        self.after_command()
+    }
+
     fn ensure_not_capturing(&self, stream: StreamId, what: &str) -> Result<(), ServerError> {
         if self.capturing(stream) {
             return Err(ServerError::capture_running(what, stream));
@@ -1018,56 +1062,26 @@ impl ComputeServer for VulkanServer {
         // Completed work hands its staging buffers back before this write asks for one.
         self.recorder.recycle();
         for (descriptor, bytes) in writes {
-            descriptor.validate()?;
-            if bytes.len() != descriptor.compact_size() {
-                return Err(compute_core::error::LayoutError::DataLength {
-                    given: bytes.len() as u64,
-                    expected: descriptor.compact_size() as u64,
-                }
-                .into());
-            }
-            let target = self.resolve(&descriptor.binding)?;
-            if bytes.is_empty() {
-                continue;
-            }
-            let data = bytes.try_as_slice()?;
-            let (src, src_offset) = self.recorder.linear.push(&self.ctx, data, 16)?;
-            let regions: Vec<vk::BufferCopy> =
-                if is_contiguous(&descriptor.shape, &descriptor.strides) {
-                    vec![vk::BufferCopy {
-                        src_offset,
-                        dst_offset: target.offset,
-                        size: data.len() as u64,
-                    }]
-                } else {
-                    let mut rows = Vec::new();
-                    for_each_row(
-                        &descriptor.shape,
-                        &descriptor.strides,
-                        descriptor.elem_size,
-                        |s, c, n| {
-                            rows.push(vk::BufferCopy {
-                                src_offset: src_offset + c as u64,
-                                dst_offset: target.offset + s as u64,
-                                size: n as u64,
-                            });
-                        },
-                    );
-                    rows
-                };
-            // The regions lie inside the staging chunk and the block.
-            self.recorder
-                .command(stage::TRANSFER)
-                .copy(src, target.buffer, &regions);
-            self.recorder.dispatches += 1;
+            self.write_staged(&descriptor, bytes.try_as_slice()?)?;
             if bytes.len() >= RELEASE_OFF_THREAD_BYTES {
                 // The data is in staging now; freeing a large host buffer (unmapping its pages)
                 // is not the caller's wait.
                 self.recorder.release_soon(bytes);
             }
-            self.after_command()?;
         }
         Ok(())
+    }
+
+    fn write_from_slice(
+        &mut self,
+        descriptor: CopyDescriptor,
+        data: &[u8],
+        stream: StreamId,
+    ) -> Result<(), ServerError> {
+        self.ensure_not_capturing(stream, "write")?;
+        self.recorder.recycle();
+        // Copied into staging during the call: no intermediate host copy.
+        self.write_staged(&descriptor, data)
     }
 
     fn read(

@@ -46,6 +46,7 @@ macro_rules! for_each_test {
             honest::honest_memory_plateau_over_a_training_loop,
             honest::honest_pitch_scales_with_the_row,
             transfer::create_and_read_back,
+            transfer::create_from_slice_copies_before_returning,
             transfer::zero_size_buffer,
             transfer::write_in_place,
             transfer::write_too_long_is_an_error,

@@ -369,6 +369,35 @@ pub fn get_resource_of_own_handle<R: Runtime>(mut client: ComputeClient<R>) {
     );
 }
 
+/// `create_from_slice` reads the slice before it returns: large slices (staged in pieces on the
+/// backends that stage host writes) are overwritten right after the call, and every handle still
+/// reads back the bytes it was created from.
+pub fn create_from_slice_copies_before_returning<R: Runtime>(client: ComputeClient<R>) {
+    let sizes = [(64 << 10) + 1, (3 << 20) + 5, (17 << 20) + 3];
+    let pattern = |size: usize, seed: usize| -> Vec<u8> {
+        (0..size)
+            .map(|j| (j * 13 + j / 4093 + seed) as u8)
+            .collect()
+    };
+    let mut source = Vec::new();
+    let mut handles = Vec::new();
+    for (i, &size) in sizes.iter().enumerate() {
+        source.clear();
+        source.extend(pattern(size, i));
+        handles.push(client.create_from_slice(&source));
+        source.iter_mut().for_each(|b| *b = !*b);
+    }
+    let read = client.read(handles.clone());
+    for (i, (got, &size)) in read.iter().zip(&sizes).enumerate() {
+        assert_eq!(got.len(), size, "slice {i}: length");
+        assert!(
+            got[..] == pattern(size, i)[..],
+            "slice {i} ({size} B): bytes differ"
+        );
+    }
+    client.flush().unwrap();
+}
+
 /// 1,000 tensors created in a row, then all read back: every byte exact.
 pub fn burst_of_tensors_reads_back_exact<R: Runtime>(client: ComputeClient<R>) {
     let count = 1000usize;

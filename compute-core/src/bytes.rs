@@ -601,8 +601,11 @@ impl Bytes {
 
 fn read_file_range(path: &std::path::Path, offset: u64, len: usize) -> Result<Bytes, ServerError> {
     use std::io::{Read, Seek, SeekFrom};
-    let io_err = |e: std::io::Error| {
-        ServerError::InvalidArgument(format!("reading {} bytes of {}: {e}", len, path.display()))
+    let io_err = |e: std::io::Error| ServerError::FileRead {
+        path: path.display().to_string(),
+        offset,
+        len,
+        message: e.to_string(),
     };
     let mut file = std::fs::File::open(path).map_err(io_err)?;
     file.seek(SeekFrom::Start(offset)).map_err(io_err)?;
@@ -826,7 +829,11 @@ mod tests {
         let missing = Bytes::from_file(path.join("nope"), 0, 1);
         assert!(matches!(
             missing.try_as_slice(),
-            Err(ServerError::InvalidArgument(_))
+            Err(ServerError::FileRead {
+                offset: 0,
+                len: 1,
+                ..
+            })
         ));
         std::fs::remove_file(path).unwrap();
     }

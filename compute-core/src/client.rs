@@ -845,10 +845,11 @@ impl<R: Runtime> ComputeClient<R> {
     ) -> Handle {
         let stream = dst_server.stream_id();
         let result = if src_descriptor.elem_size != dtype.size() {
-            Err(ServerError::InvalidArgument(format!(
-                "to_client of {dtype} with {}-byte elements",
-                src_descriptor.elem_size
-            )))
+            Err(LayoutError::ElemSize {
+                dtype,
+                elem_size: src_descriptor.elem_size,
+            }
+            .into())
         } else {
             block_on(self.read_one_tensor_async(src_descriptor))
                 .and_then(|bytes| dst_server.try_create(bytes))

@@ -79,22 +79,22 @@ pub fn reduce_host(
     op: ReduceOperation,
 ) -> Result<Vec<u8>, ServerError> {
     let Some(first) = inputs.first() else {
-        return Err(ServerError::InvalidArgument(
-            "all_reduce over no device".into(),
-        ));
+        return Err(CollectiveError::NoContribution.into());
     };
     if let Some(bad) = inputs.iter().find(|i| i.len() != first.len()) {
-        return Err(ServerError::InvalidArgument(format!(
-            "all_reduce contributions differ in size: {} and {} bytes",
-            first.len(),
-            bad.len()
-        )));
+        return Err(CollectiveError::ContributionSizes {
+            first: first.len() as u64,
+            other: bad.len() as u64,
+        }
+        .into());
     }
     if first.len() % dtype.size() != 0 {
-        return Err(ServerError::InvalidArgument(format!(
-            "all_reduce buffer of {} bytes is not a whole number of {dtype} elements",
-            first.len()
-        )));
+        return Err(CollectiveError::Sizes {
+            src: first.len() as u64,
+            dst: first.len() as u64,
+            dtype,
+        }
+        .into());
     }
     let n = inputs.len();
     // Accumulate floats in f64 and integers in i128, then convert back (integers wrap, as the
@@ -307,9 +307,7 @@ impl HostRendezvous {
         group.sort();
         group.dedup();
         if !group.contains(&device) {
-            return Err(ServerError::InvalidArgument(format!(
-                "device {device} is not part of the collective group {group:?}"
-            )));
+            return Err(CollectiveError::NotInGroup { group, device }.into());
         }
         let timeout = rendezvous_timeout();
         let key = (group.clone(), seq);

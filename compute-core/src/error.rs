@@ -61,9 +61,6 @@ pub enum ServerError {
     /// A kernel that breaks a rule of the IR (found before any backend compiles it).
     #[error(transparent)]
     InvalidKernel(#[from] ValidationError),
-    /// An argument was invalid (sizes that do not match, a bad shape, a range out of bounds).
-    #[error("invalid argument: {0}")]
-    InvalidArgument(String),
     /// A kernel failed to compile.
     #[error("kernel compilation failed: {0}")]
     Compilation(String),
@@ -73,9 +70,43 @@ pub enum ServerError {
     /// A feature the backend or the device does not have.
     #[error("unsupported: {0}")]
     Unsupported(String),
-    /// An operation that is not allowed while a graph capture is running on the stream.
-    #[error("not allowed during graph capture: {0}")]
-    Capture(String),
+    /// A graph capture rule broken, or a capture the driver refused.
+    #[error(transparent)]
+    Capture(#[from] CaptureError),
+    /// A graph replayed where it cannot be.
+    #[error(transparent)]
+    Graph(#[from] GraphError),
+    /// A memory pool configuration that does not fit the device (pool sizes, page sizes).
+    #[error("memory pool configuration: {0}")]
+    PoolConfig(#[from] crate::memory::PoolConfigError),
+    /// A handle whose allocation failed (the error was queued on its stream then) used as if it
+    /// held memory.
+    #[error("the handle has no memory: its allocation failed (see the error queued then)")]
+    NoMemory,
+    /// A device index past the devices of its backend.
+    #[error("{backend} device {index} does not exist ({count} devices{help})")]
+    DeviceNotFound {
+        /// The backend.
+        backend: &'static str,
+        /// The index asked for.
+        index: usize,
+        /// How many devices the backend has.
+        count: usize,
+        /// How to get more, where a setting does (empty otherwise).
+        help: &'static str,
+    },
+    /// A host file (a lazily read `Bytes`) that could not be read.
+    #[error("reading {len} bytes at offset {offset} of {path}: {message}")]
+    FileRead {
+        /// The file.
+        path: String,
+        /// Byte offset of the read.
+        offset: u64,
+        /// Bytes asked for.
+        len: usize,
+        /// The I/O error.
+        message: String,
+    },
     /// The backend's driver is not available on this machine.
     #[error("backend unavailable: {0}")]
     Unavailable(String),
@@ -90,17 +121,82 @@ pub enum ServerError {
 
 impl ServerError {
     /// `what` (a sync, a read, an allocation...) asked on `stream` while a graph capture runs
-    /// there: the one wording of this rule for every backend.
+    /// there.
     pub fn capture_running(what: &str, stream: crate::StreamId) -> Self {
-        ServerError::Capture(format!(
-            "{what} on {stream} while a graph capture is running"
-        ))
+        CaptureError::Running {
+            what: what.into(),
+            stream,
+        }
+        .into()
     }
 
-    /// `stop_capture` on a stream where no capture was started: the one wording for every backend.
+    /// `stop_capture` on a stream where no capture was started.
     pub fn capture_not_started(stream: crate::StreamId) -> Self {
-        ServerError::Capture(format!("stop_capture on {stream} without start_capture"))
+        CaptureError::NotStarted { stream }.into()
     }
+}
+
+/// A graph capture rule broken, or a capture the driver refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum CaptureError {
+    /// An operation that is not allowed while a capture runs on the stream.
+    #[error(
+        "not allowed during graph capture: {what} on {stream} while a graph capture is running"
+    )]
+    Running {
+        /// The operation (a sync, a read, a write...).
+        what: String,
+        /// The capturing stream.
+        stream: crate::StreamId,
+    },
+    /// `stop_capture` without `start_capture`.
+    #[error("stop_capture on {stream} without start_capture")]
+    NotStarted {
+        /// The stream.
+        stream: crate::StreamId,
+    },
+    /// An allocation inside the capture window that the persistent pool cannot serve without a
+    /// fresh driver allocation.
+    #[error(
+        "allocating {requested} bytes during graph capture would need a fresh allocation; warm up \
+         after graph_prepare so the persistent pool holds it"
+    )]
+    NeedsAllocation {
+        /// Bytes requested.
+        requested: u64,
+    },
+    /// The driver refused or invalidated the capture.
+    #[error("graph capture failed in {call}: {message}")]
+    Driver {
+        /// The driver call, with what was being done.
+        call: String,
+        /// The driver's message.
+        message: String,
+    },
+}
+
+/// A graph replayed where it cannot be: graphs replay on the stream they were captured on, and
+/// only on their own server.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum GraphError {
+    /// The graph is not held by this server (another device's, or already dropped).
+    #[error("graph {graph:?} is not held by this server")]
+    NotHeld {
+        /// The graph.
+        graph: crate::GraphId,
+    },
+    /// Replayed on another stream than the one it was captured on.
+    #[error("graph {graph:?} was captured on {captured_on} and replays there, not on {stream}")]
+    WrongStream {
+        /// The graph.
+        graph: crate::GraphId,
+        /// Its capture stream.
+        captured_on: crate::StreamId,
+        /// The stream of the replay.
+        stream: crate::StreamId,
+    },
 }
 
 /// An error returned by [`ComputeClient::profile`](crate::ComputeClient::profile).
@@ -118,6 +214,14 @@ pub enum ProfileError {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum LayoutError {
+    /// A tensor read as an element type whose size is not the tensor's element size.
+    #[error("{dtype} elements are {} bytes, the tensor's are {elem_size}", dtype.size())]
+    ElemSize {
+        /// The element type asked for.
+        dtype: crate::elem::ElemType,
+        /// The tensor's element size in bytes.
+        elem_size: usize,
+    },
     /// Shape and strides of different ranks.
     #[error("shape {shape:?} (rank {}) and strides {strides:?} (rank {}) have different ranks", shape.len(), strides.len())]
     RankMismatch {
@@ -308,6 +412,42 @@ pub enum LaunchError {
         bytes: u64,
         /// Bytes of one item.
         item_size: usize,
+    },
+    /// A buffer argument whose start is not aligned as its kernel's accesses need.
+    #[error(
+        "buffer `{name}` of kernel `{kernel}` starts at byte {offset}, not a multiple of {alignment}"
+    )]
+    MisalignedBuffer {
+        /// The kernel.
+        kernel: String,
+        /// The buffer (its declared name, or its position when the backend has no name).
+        name: String,
+        /// The start, in bytes (in its allocation block).
+        offset: u64,
+        /// The alignment needed, in bytes.
+        alignment: u64,
+    },
+    /// A buffer argument larger than the device can bind for one kernel argument.
+    #[error(
+        "a buffer argument of kernel `{kernel}` binds {bytes} bytes, over the device's {limit} ({maximum} bytes)"
+    )]
+    BindingTooLarge {
+        /// The kernel.
+        kernel: String,
+        /// Bytes the argument binds.
+        bytes: u64,
+        /// The device's limit.
+        maximum: u64,
+        /// The limit's name in the backend's API.
+        limit: &'static str,
+    },
+    /// Tensor metadata of a rank the backend cannot pass.
+    #[error("tensor metadata of rank {rank}: at most {maximum}")]
+    MetadataTooLarge {
+        /// The rank.
+        rank: usize,
+        /// The backend's maximum rank.
+        maximum: usize,
     },
     /// Tensor metadata whose shape and strides ranks differ.
     #[error(

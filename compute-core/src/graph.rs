@@ -6,7 +6,7 @@
 use core::sync::atomic::{AtomicU64, Ordering};
 
 use crate::client::ComputeClient;
-use crate::error::ServerError;
+use crate::error::{GraphError, ServerError};
 use crate::runtime::Runtime;
 use crate::server::ComputeServer;
 use crate::stream::StreamId;
@@ -34,13 +34,13 @@ pub fn graph_for_replay<G, F: Fn(&G) -> StreamId>(
 ) -> Result<&mut G, ServerError> {
     match graphs.get_mut(&graph) {
         Some(g) if captured_on(g) == stream => Ok(g),
-        Some(g) => Err(ServerError::InvalidArgument(format!(
-            "graph {graph:?} was captured on {} and replays there, not on {stream}",
-            captured_on(g)
-        ))),
-        None => Err(ServerError::InvalidArgument(format!(
-            "graph {graph:?} is not held by this server"
-        ))),
+        Some(g) => Err(GraphError::WrongStream {
+            graph,
+            captured_on: captured_on(g),
+            stream,
+        }
+        .into()),
+        None => Err(GraphError::NotHeld { graph }.into()),
     }
 }
 

@@ -48,7 +48,7 @@ pub use client::ComputeClient;
 pub use collective::ReduceOperation;
 pub use device::{Device, DeviceId};
 pub use elem::{Elem, ElemType};
-pub use error::{ProfileError, ServerError};
+pub use error::{CaptureError, GraphError, ProfileError, ServerError};
 pub use future::{DynFut, block_on};
 pub use graph::{Graph, GraphId};
 pub use handle::{

@@ -80,10 +80,12 @@ impl Runtime for CpuRuntime {
     fn create_server(device: &CpuDevice) -> Result<CpuServer, ServerError> {
         let count = device_count();
         if device.index >= count {
-            return Err(ServerError::InvalidArgument(format!(
-                "CPU device {} does not exist ({count} logical devices; set COMPUTE_CPU_DEVICES for more)",
-                device.index
-            )));
+            return Err(ServerError::DeviceNotFound {
+                backend: "cpu",
+                index: device.index as usize,
+                count: count as usize,
+                help: "; set COMPUTE_CPU_DEVICES for more",
+            });
         }
         Ok(CpuServer::new(*device, properties(*device)))
     }

@@ -80,10 +80,11 @@ impl RecordedLaunch {
             CountSource::Static(c) => *c,
             CountSource::Dynamic(res) => {
                 if res.len() < 12 {
-                    return Err(ServerError::InvalidArgument(format!(
-                        "a dynamic cube count needs 12 bytes (3 x u32), its buffer has {}",
-                        res.len()
-                    )));
+                    return Err(compute_core::error::LaunchError::DynamicCount {
+                        offset: 0,
+                        size: res.len() as u64,
+                    }
+                    .into());
                 }
                 let mut raw = [0u8; 12];
                 // SAFETY: the resource holds at least 12 bytes (checked) and stays alive through
@@ -173,7 +174,7 @@ impl CpuServer {
                 &self.pool_config,
                 self.memory_properties(),
             )
-            .map_err(|e| ServerError::InvalidArgument(e.to_string()))?;
+            .map_err(ServerError::from)?;
             self.streams.insert(
                 id,
                 StreamState {
@@ -192,12 +193,7 @@ impl CpuServer {
     fn resolve(&mut self, binding: &Binding) -> Result<CpuResource, ServerError> {
         binding.check_owner(self.owner)?;
         let handle = binding.handle();
-        let missing = || {
-            ServerError::InvalidArgument(
-                "the handle has no memory (its allocation failed; see the error queued then)"
-                    .into(),
-            )
-        };
+        let missing = || ServerError::NoMemory;
         let state = self.streams.get_mut(&handle.stream()).ok_or_else(missing)?;
         state
             .memory

@@ -330,7 +330,9 @@ fn check_header(
     let (send, recv, ranks, round) = {
         let mut comms = registry();
         let g = comms.get_mut(group).ok_or_else(|| {
-            ServerError::InvalidArgument(format!("no communicator for {group:?}"))
+            ServerError::from(compute_core::collective::CollectiveError::NotInitialised {
+                group: group.to_vec(),
+            })
         })?;
         if let Some(e) = &g.failed {
             return Err(e.clone().into());

@@ -138,7 +138,13 @@ pub(crate) fn driver_error(what: &str, error: DriverError) -> ServerError {
         | sys::CUresult::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED
         | sys::CUresult::CUDA_ERROR_STREAM_CAPTURE_UNJOINED
         | sys::CUresult::CUDA_ERROR_STREAM_CAPTURE_IMPLICIT
-        | sys::CUresult::CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD => ServerError::Capture(message),
+        | sys::CUresult::CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD => {
+            compute_core::CaptureError::Driver {
+                call: what.into(),
+                message: describe(error),
+            }
+            .into()
+        }
         _ => ServerError::Driver(message),
     }
 }
@@ -178,9 +184,12 @@ impl Context {
         init().map_err(ServerError::Unavailable)?;
         let count = device_count();
         if ordinal >= count {
-            return Err(ServerError::InvalidArgument(format!(
-                "CUDA device {ordinal} does not exist ({count} devices)"
-            )));
+            return Err(ServerError::DeviceNotFound {
+                backend: "cuda",
+                index: ordinal as usize,
+                count: count as usize,
+                help: "",
+            });
         }
         let device = result::device::get(ordinal as i32).check("cuDeviceGet")?;
         // SAFETY: `device` is a valid ordinal returned by the driver.

@@ -767,7 +767,7 @@ impl CudaServer {
                 &self.pool_config,
                 self.properties.memory.clone(),
             )
-            .map_err(|e| ServerError::InvalidArgument(e.to_string()))?;
+            .map_err(ServerError::from)?;
             self.streams.insert(id, StreamState::new(memory)?);
         }
         let state = self
@@ -783,12 +783,7 @@ impl CudaServer {
     fn resolve(&mut self, binding: &Binding) -> Result<CudaResource, ServerError> {
         binding.check_owner(self.owner)?;
         let handle = binding.handle();
-        let missing = || {
-            ServerError::InvalidArgument(
-                "the handle has no memory (its allocation failed; see the error queued then)"
-                    .into(),
-            )
-        };
+        let missing = || ServerError::NoMemory;
         let state = self.streams.get_mut(&handle.stream()).ok_or_else(missing)?;
         state
             .memory
@@ -1226,10 +1221,11 @@ impl CudaServer {
         self.ensure_not_capturing(stream, "a launch with a dynamic cube count")?;
         let source = self.resolve(binding)?;
         if source.len < 12 {
-            return Err(ServerError::InvalidArgument(format!(
-                "a dynamic cube count needs 12 bytes (3 x u32), its buffer has {}",
-                source.len
-            )));
+            return Err(compute_core::error::LaunchError::DynamicCount {
+                offset: binding.handle().slice_offset_start(),
+                size: source.len,
+            }
+            .into());
         }
         self.order_after(stream, &[binding])?;
         let raw = self.stream(stream)?.raw;
@@ -1257,10 +1253,11 @@ const SLOT_WORDS: usize = META_BYTES.div_ceil(8);
 
 fn meta_slot(shape: &[usize], strides: &[usize]) -> Result<[u64; SLOT_WORDS], ServerError> {
     if shape.len() > MAX_RANK || strides.len() != shape.len() {
-        return Err(ServerError::InvalidArgument(format!(
-            "tensor metadata of rank {} (at most {MAX_RANK}, with as many strides as dimensions)",
-            shape.len()
-        )));
+        return Err(compute_core::error::LaunchError::MetadataTooLarge {
+            rank: shape.len().max(strides.len()),
+            maximum: MAX_RANK,
+        }
+        .into());
     }
     let mut words = [0u32; 1 + 2 * MAX_RANK];
     words[0] = shape.len() as u32;
@@ -1407,11 +1404,13 @@ impl ComputeServer for CudaServer {
             let item = decl.item().size() as u64;
             let align = item.min(16);
             if resource.ptr % align != 0 {
-                return Err(ServerError::InvalidArgument(format!(
-                    "buffer `{}` of kernel `{}` starts at an offset not aligned to {align} bytes",
-                    decl.name,
-                    definition.name()
-                )));
+                return Err(compute_core::error::LaunchError::MisalignedBuffer {
+                    kernel: definition.name().into(),
+                    name: decl.name.clone(),
+                    offset: resource.ptr % align,
+                    alignment: align,
+                }
+                .into());
             }
             let mut ptr = [0u64; SLOT_WORDS];
             ptr[0] = resource.ptr;
@@ -1694,20 +1693,20 @@ impl ComputeServer for CudaServer {
         state.memory.mode(MemoryAllocationMode::Auto);
         // SAFETY: the stream is capturing (begun in `begin_capture`).
         let graph = unsafe { result::stream::end_capture(state.raw.0) }.map_err(|e| {
-            ServerError::Capture(format!(
-                "cuStreamEndCapture: {}",
-                crate::driver::describe(e)
-            ))
+            ServerError::from(compute_core::CaptureError::Driver {
+                call: "cuStreamEndCapture".into(),
+                message: crate::driver::describe(e),
+            })
         })?;
         // SAFETY: `graph` was just captured.
         let exec = unsafe { result::graph::instantiate(graph, sys::CUgraphInstantiate_flags(0)) };
         // SAFETY: the executable graph does not need the template.
         crate::driver::released("cuGraphDestroy", unsafe { result::graph::destroy(graph) });
         let exec = exec.map_err(|e| {
-            ServerError::Capture(format!(
-                "cuGraphInstantiate: {}",
-                crate::driver::describe(e)
-            ))
+            ServerError::from(compute_core::CaptureError::Driver {
+                call: "cuGraphInstantiate".into(),
+                message: crate::driver::describe(e),
+            })
         })?;
         let id = GraphId::fresh();
         self.graphs.insert(

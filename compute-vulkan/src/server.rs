@@ -12,6 +12,7 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 
 use ash::vk;
+use compute_core::error::LaunchError;
 use compute_core::future::DynFut;
 use compute_core::graph::GraphId;
 use compute_core::handle::{BufferArgument, HandleOwner};
@@ -502,7 +503,7 @@ impl VulkanServer {
             );
             let memory =
                 MemoryManagement::new(storage, &self.pool_config, self.properties.memory.clone())
-                    .map_err(|e| ServerError::InvalidArgument(e.to_string()))?;
+                    .map_err(ServerError::from)?;
             self.streams.insert(
                 id,
                 StreamState {
@@ -520,12 +521,7 @@ impl VulkanServer {
     fn resolve(&mut self, binding: &Binding) -> Result<VulkanResource, ServerError> {
         binding.check_owner(self.owner)?;
         let handle = binding.handle();
-        let missing = || {
-            ServerError::InvalidArgument(
-                "the handle has no memory (its allocation failed; see the error queued then)"
-                    .into(),
-            )
-        };
+        let missing = || ServerError::NoMemory;
         let key = ResolveKey {
             stream: handle.stream(),
             slice: handle.memory().id(),
@@ -739,10 +735,13 @@ impl VulkanServer {
             !delta.is_multiple_of(item)
         };
         if misaligned {
-            return Err(ServerError::InvalidArgument(format!(
-                "buffer argument of kernel `{name}` starts at byte {} of its block, not a multiple of its item size {item}",
-                resource.offset
-            )));
+            return Err(LaunchError::MisalignedBuffer {
+                kernel: name.into(),
+                name: "argument".into(),
+                offset: resource.offset,
+                alignment: item,
+            }
+            .into());
         }
         let mut range = (delta + resource.size).max(item).next_multiple_of(4);
         if bind_offset + range > resource.block_size {
@@ -750,9 +749,13 @@ impl VulkanServer {
         }
         let max = u64::from(self.ctx.limits().max_storage_buffer_range);
         if range > max {
-            return Err(ServerError::InvalidArgument(format!(
-                "buffer argument of kernel `{name}` binds {range} bytes, over the device's maxStorageBufferRange ({max} bytes)"
-            )));
+            return Err(LaunchError::BindingTooLarge {
+                kernel: name.into(),
+                bytes: range,
+                maximum: max,
+                limit: "maxStorageBufferRange",
+            }
+            .into());
         }
         Ok((
             vk::DescriptorBufferInfo::default()

@@ -9,6 +9,7 @@
 use std::collections::VecDeque;
 use std::sync::Arc;
 
+use compute_core::error::LaunchError;
 use compute_core::future::{DynFut, oneshot};
 use compute_core::graph::GraphId;
 use compute_core::handle::{BufferArgument, HandleOwner};
@@ -422,7 +423,7 @@ impl WgpuServer {
             .with_freed(self.freed.clone());
             let memory =
                 MemoryManagement::new(storage, &self.pool_config, self.properties.memory.clone())
-                    .map_err(|e| ServerError::InvalidArgument(e.to_string()))?;
+                    .map_err(ServerError::from)?;
             self.streams.insert(
                 id,
                 StreamState {
@@ -450,12 +451,7 @@ impl WgpuServer {
             self.collectives.wait_for(key.slice);
             return Ok(resource);
         }
-        let missing = || {
-            ServerError::InvalidArgument(
-                "the handle has no memory (its allocation failed; see the error queued then)"
-                    .into(),
-            )
-        };
+        let missing = || ServerError::NoMemory;
         let state = self.streams.get_mut(&handle.stream()).ok_or_else(missing)?;
         let resource = state
             .memory
@@ -648,10 +644,13 @@ impl WgpuServer {
             }
         };
         if per_item(delta) * item != delta {
-            return Err(ServerError::InvalidArgument(format!(
-                "buffer argument of kernel `{name}` starts at byte {} of its block, not a multiple of its item size {item}",
-                resource.offset
-            )));
+            return Err(LaunchError::MisalignedBuffer {
+                kernel: name.into(),
+                name: "argument".into(),
+                offset: resource.offset,
+                alignment: item,
+            }
+            .into());
         }
         let block = resource.buffer.size();
         let mut size = (delta + resource.size).max(item).next_multiple_of(4);
@@ -660,9 +659,13 @@ impl WgpuServer {
         }
         let max = self.info.limits.max_storage_buffer_binding_size;
         if size > max {
-            return Err(ServerError::InvalidArgument(format!(
-                "buffer argument of kernel `{name}` binds {size} bytes, over the device's max_storage_buffer_binding_size ({max} bytes)"
-            )));
+            return Err(LaunchError::BindingTooLarge {
+                kernel: name.into(),
+                bytes: size,
+                maximum: max,
+                limit: "max_storage_buffer_binding_size",
+            }
+            .into());
         }
         Ok((
             BoundBuffer {

@@ -141,6 +141,17 @@ pub enum CollectiveError {
         /// The group.
         group: Vec<DeviceId>,
     },
+    /// An all-reduce with no contribution at all.
+    #[error("all_reduce with no contribution")]
+    NoContribution,
+    /// Contributions of one round that differ in size.
+    #[error("all_reduce contributions differ in size: {first} and {other} bytes")]
+    ContributionSizes {
+        /// Bytes of the first contribution.
+        first: u64,
+        /// Bytes of one that differs.
+        other: u64,
+    },
     /// An all-reduce whose input and output differ in size, or are not whole elements.
     #[error("all_reduce from {src} to {dst} bytes of {dtype}")]
     Sizes {

@@ -248,6 +248,8 @@ pub(crate) fn put_error(w: Writer, e: &CollectiveError) -> Writer {
         E::NotInGroup { .. }
         | E::UnknownDevice { .. }
         | E::NotInitialised { .. }
+        | E::NoContribution
+        | E::ContributionSizes { .. }
         | E::Sizes { .. } => w.u8(8).str(&e.to_string()),
     }
 }

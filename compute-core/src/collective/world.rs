@@ -776,9 +776,7 @@ impl World {
         op: ReduceOperation,
     ) -> Result<Vec<u8>, ServerError> {
         let Some(first) = contributions.first() else {
-            return Err(ServerError::InvalidArgument(
-                "all_reduce with no contribution".into(),
-            ));
+            return Err(CollectiveError::NoContribution.into());
         };
         if dtype == ElemType::Bool {
             return Err(ServerError::Unsupported("all_reduce over bool".into()));

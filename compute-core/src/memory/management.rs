@@ -228,9 +228,7 @@ impl<S: ComputeStorage> MemoryManagement<S> {
             return self.reserve(size);
         }
         self.reserve_no_alloc(size).ok_or_else(|| {
-            ServerError::Capture(format!(
-                "allocating {size} bytes would need a fresh allocation; warm up after graph_prepare so the persistent pool holds it"
-            ))
+            ServerError::from(crate::error::CaptureError::NeedsAllocation { requested: size })
         })
     }
 

@@ -42,7 +42,7 @@ mod range;
 mod run;
 mod words;
 
-use compute_core::error::ServerError;
+use compute_core::error::{LaunchError, ServerError};
 #[cfg(doc)]
 use compute_core::kernel::KernelDefinition;
 use compute_core::kernel::ScalarValue;
@@ -126,8 +126,8 @@ impl Plan {
     /// scalars. `bounds_checked`: out-of-range global loads read 0 and stores are dropped;
     /// otherwise the indices are trusted.
     ///
-    /// Fails with [`ServerError::InvalidArgument`] on a wrong number of buffers or scalars, a
-    /// scalar of the wrong type, or a misaligned buffer.
+    /// Fails with a [`LaunchError`] (`ArgumentCount`, `ScalarType`, `MisalignedBuffer`) on a wrong
+    /// number of buffers or scalars, a scalar of the wrong type, or a misaligned buffer.
     ///
     /// # Safety
     /// For the duration of the call, each `ptr` is valid for reads of `len_bytes` bytes, and for
@@ -141,39 +141,42 @@ impl Plan {
         scalars: &[ScalarValue],
         bounds_checked: bool,
     ) -> Result<(), ServerError> {
+        let count = |what: &'static str, expected: usize, found: usize| {
+            ServerError::from(LaunchError::ArgumentCount {
+                kernel: self.name.clone(),
+                what,
+                expected,
+                found,
+            })
+        };
         if buffers.len() != self.buffers.len() {
-            return Err(ServerError::InvalidArgument(format!(
-                "kernel `{}` takes {} buffers, the launch binds {}",
-                self.name,
-                self.buffers.len(),
-                buffers.len()
-            )));
+            return Err(count("buffers", self.buffers.len(), buffers.len()));
         }
         if scalars.len() != self.scalars.len() {
-            return Err(ServerError::InvalidArgument(format!(
-                "kernel `{}` takes {} scalars, the launch passes {}",
-                self.name,
-                self.scalars.len(),
-                scalars.len()
-            )));
+            return Err(count("scalars", self.scalars.len(), scalars.len()));
         }
         for ((name, elem), value) in self.scalars.iter().zip(scalars) {
             if value.elem_type() != *elem {
-                return Err(ServerError::InvalidArgument(format!(
-                    "scalar `{name}` of kernel `{}` is {elem}, the launch passes {}",
-                    self.name,
-                    value.elem_type()
-                )));
+                return Err(LaunchError::ScalarType {
+                    kernel: self.name.clone(),
+                    name: name.clone(),
+                    expected: *elem,
+                    found: value.elem_type(),
+                }
+                .into());
             }
         }
         let mut bufs = Vec::with_capacity(buffers.len());
         for (info, arg) in self.buffers.iter().zip(buffers) {
             let size = info.elem.size();
             if arg.len_bytes >= size && !(arg.ptr as usize).is_multiple_of(size) {
-                return Err(ServerError::InvalidArgument(format!(
-                    "buffer `{}` of kernel `{}` is not aligned to its element size {size}",
-                    info.name, self.name
-                )));
+                return Err(LaunchError::MisalignedBuffer {
+                    kernel: self.name.clone(),
+                    name: info.name.clone(),
+                    offset: arg.ptr as u64 % size as u64,
+                    alignment: size as u64,
+                }
+                .into());
             }
             let entries = (arg.len_bytes / (size * info.width)) as u64;
             // SAFETY: the caller's contract: valid for the launch, accessed only through it;

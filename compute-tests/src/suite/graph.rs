@@ -1,6 +1,6 @@
 //! Graph capture and replay.
 
-use compute_core::{Bytes, ComputeClient, Runtime, ServerError, StreamId, block_on};
+use compute_core::{Bytes, CaptureError, ComputeClient, Runtime, ServerError, StreamId, block_on};
 
 use crate::kernels;
 use crate::util::{f32_bytes, ramp};
@@ -45,14 +45,29 @@ pub fn capture_rejects_sync_and_fresh_allocation<R: Runtime>(mut client: Compute
     unsafe { client.set_stream(StreamId::fresh()) };
     client.graph_prepare().unwrap();
     let out = client.create(f32_bytes(&[0.0; 4]));
+    let err = client.stop_capture().map(drop).unwrap_err();
+    let here = client.stream_id();
+    assert!(
+        matches!(err, ServerError::Capture(CaptureError::NotStarted { stream }) if stream == here),
+        "{err:?}"
+    );
     client.start_capture().unwrap();
     let err = block_on(client.sync()).unwrap_err();
-    assert!(matches!(err, ServerError::Capture(_)), "{err:?}");
+    assert!(
+        matches!(&err, ServerError::Capture(CaptureError::Running { stream, .. }) if *stream == here),
+        "{err:?}"
+    );
     let err = client.try_empty(123_456).unwrap_err();
-    assert!(matches!(err, ServerError::Capture(_)), "{err:?}");
+    assert!(
+        matches!(
+            err,
+            ServerError::Capture(CaptureError::NeedsAllocation { requested }) if requested >= 123_456
+        ),
+        "{err:?}"
+    );
     assert!(matches!(
         client.read_one(out.clone()),
-        Err(ServerError::Capture(_))
+        Err(ServerError::Capture(CaptureError::Running { .. }))
     ));
     client.launch(
         kernels::fill_f32().into(),

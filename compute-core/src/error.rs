@@ -488,3 +488,21 @@ pub fn take_first(queue: &mut std::collections::VecDeque<ServerError>) -> Option
 pub fn discarded_errors() -> u64 {
     DISCARDED.load(core::sync::atomic::Ordering::Relaxed)
 }
+
+/// Errors raised where no call can return them, since the process started.
+static UNRETURNED: core::sync::atomic::AtomicU64 = core::sync::atomic::AtomicU64::new(0);
+
+/// Report an error that no call can return: one raised in a `Drop` at teardown (waiting for the
+/// device before destroying what its work uses), or a second failure on a path that already
+/// returns a first error (giving up a reserved submission after its submit failed). It is
+/// written to stderr with `context` (what was being done) and counted ([`unreturned_errors`]):
+/// never silently discarded. Errors that a later call can return go to that call's queue instead.
+pub fn report_unreturned(context: &str, error: &dyn core::fmt::Display) {
+    UNRETURNED.fetch_add(1, core::sync::atomic::Ordering::Relaxed);
+    eprintln!("compute: {context}: {error} (no call can return this error)");
+}
+
+/// How many errors [`report_unreturned`] has reported since the process started.
+pub fn unreturned_errors() -> u64 {
+    UNRETURNED.load(core::sync::atomic::Ordering::Relaxed)
+}

@@ -402,7 +402,12 @@ fn check_header(
                         reason: format!("{state:?} (a rank failed or left)"),
                     };
                     // SAFETY: the communicator is not used after an abort (the group is failed).
-                    let _ = unsafe { nccl::comm_abort(comm.0) };
+                    if let Err(abort) = unsafe { nccl::comm_abort(comm.0) } {
+                        compute_core::error::report_unreturned(
+                            "cuda: ncclCommAbort of a failed group",
+                            &format!("{abort:?}"),
+                        );
+                    }
                     if let Some(g) = registry().get_mut(group) {
                         g.failed = Some(e.clone());
                     }
@@ -418,7 +423,12 @@ fn check_header(
                     timeout_ms: timeout.as_millis() as u64,
                 };
                 // SAFETY: the communicator is not used after an abort (the group is failed).
-                let _ = unsafe { nccl::comm_abort(comm.0) };
+                if let Err(abort) = unsafe { nccl::comm_abort(comm.0) } {
+                    compute_core::error::report_unreturned(
+                        "cuda: ncclCommAbort of a failed group",
+                        &format!("{abort:?}"),
+                    );
+                }
                 if let Some(g) = registry().get_mut(group) {
                     g.failed = Some(e.clone());
                 }

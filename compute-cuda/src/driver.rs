@@ -234,10 +234,13 @@ impl Drop for Context {
     }
 }
 
-/// The driver version, e.g. 13000.
+/// The driver version, e.g. 13000; 0 when the driver cannot say (the version is only reported,
+/// nothing depends on it).
 pub(crate) fn driver_version() -> i32 {
     let mut version = 0;
     // SAFETY: writes one int.
-    let _ = unsafe { sys::cuDriverGetVersion(&mut version) };
-    version
+    match unsafe { sys::cuDriverGetVersion(&mut version) }.result() {
+        Ok(()) => version,
+        Err(_) => 0,
+    }
 }

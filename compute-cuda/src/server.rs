@@ -394,8 +394,10 @@ impl StagingRing {
             });
         }
         for (buffer, closed) in self.slots.drain(..) {
-            if let Some(closed) = closed {
-                let _ = closed.wait(events);
+            if let Some(closed) = closed
+                && let Err(e) = closed.wait(events)
+            {
+                crate::driver::record_release_error(e);
             }
             drop(buffer);
         }
@@ -965,7 +967,9 @@ impl CudaServer {
             let copied = unsafe { result::memcpy_htod_async(dst, staged, stream.0) };
             if let Err(e) = copied.check("staging a pageable write") {
                 // An earlier copy from the slot may still run; closing it records that.
-                let _ = ring.close(&mut self.events);
+                if let Err(second) = ring.close(&mut self.events) {
+                    crate::driver::record_release_error(second);
+                }
                 return Err(e);
             }
             return Ok(());
@@ -1535,7 +1539,9 @@ impl ComputeServer for CudaServer {
         if let Some(state) = self.streams.get_mut(&stream)
             && state.capture.is_none()
         {
-            let _ = state.wait_idle(events);
+            if let Err(e) = state.wait_idle(events) {
+                crate::driver::record_release_error(e);
+            }
             state.memory.cleanup(true);
         }
     }
@@ -1748,8 +1754,11 @@ impl ComputeServer for CudaServer {
             Some(state) if state.capture.is_none() => {
                 let mut keep = vec![KeepAlive::Graph(g.exec)];
                 keep.extend(g.holds.into_iter().map(KeepAlive::Binding));
-                if state.hold(events, keep).is_err() {
-                    let _ = state.wait_idle(events);
+                if let Err(e) = state.hold(events, keep) {
+                    crate::driver::record_release_error(e);
+                    if let Err(e) = state.wait_idle(events) {
+                        crate::driver::record_release_error(e);
+                    }
                 }
             }
             Some(state) => {
@@ -1910,7 +1919,9 @@ impl Drop for CudaServer {
             return;
         }
         for state in self.streams.values_mut() {
-            let _ = state.wait_idle(&mut self.events);
+            if let Err(e) = state.wait_idle(&mut self.events) {
+                crate::driver::record_release_error(e);
+            }
         }
         self.staging.release(&mut self.events);
         self.small_staging.release(&mut self.events);

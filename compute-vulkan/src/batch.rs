@@ -589,7 +589,12 @@ impl Worker {
 
     fn shutdown(&mut self) {
         // SAFETY: waiting for the device before destroying what its work may still use.
-        let _ = unsafe { self.ctx.device.device_wait_idle() };
+        if let Err(e) = unsafe { self.ctx.device.device_wait_idle() } {
+            compute_core::error::report_unreturned(
+                "vulkan: vkDeviceWaitIdle at submit-thread stop",
+                &e,
+            );
+        }
         let mut pools: Vec<Cmd> = self.completed.drain(..).collect();
         for (_, cmds) in self.in_flight.drain(..) {
             pools.extend(cmds);
@@ -827,12 +832,16 @@ impl Recorder {
 
 impl Drop for Recorder {
     fn drop(&mut self) {
-        let _ = self.submit();
+        if let Err(e) = self.submit() {
+            compute_core::error::report_unreturned("vulkan: submitting at recorder drop", &e);
+        }
         // The submit thread submits what it was handed, waits for the device and frees its
         // command buffers.
         self.submitter.stop();
         // SAFETY: waiting for the device before releasing what its work may still use.
-        let _ = unsafe { self.ctx.device.device_wait_idle() };
+        if let Err(e) = unsafe { self.ctx.device.device_wait_idle() } {
+            compute_core::error::report_unreturned("vulkan: vkDeviceWaitIdle at recorder drop", &e);
+        }
         for f in self.in_flight.drain(..) {
             drop(f.keep);
         }

@@ -486,13 +486,24 @@ impl Context {
         // until it is marked below: signal it first, once the values before it completed (a
         // signal must not overtake them).
         drop(self.turn_of(value));
-        let _ = self.wait(value - 1);
+        if let Err(e) = self.wait(value - 1) {
+            // The caller returns the error that made it give the value up; this one follows it.
+            compute_core::error::report_unreturned(
+                "vulkan: waiting before an abandoned submission",
+                &e,
+            );
+        }
         let info = vk::SemaphoreSignalInfo::default()
             .semaphore(self.timeline)
             .value(value);
         // SAFETY: the timeline semaphore of this device; `value` is above every value signalled
         // so far (the ones before it completed, later ones wait for this one to be marked).
-        let _ = unsafe { self.device.signal_semaphore(&info) };
+        if let Err(e) = unsafe { self.device.signal_semaphore(&info) } {
+            compute_core::error::report_unreturned(
+                "vulkan: vkSignalSemaphore of an abandoned submission",
+                &e,
+            );
+        }
         let mut q = self.queue.lock().unwrap_or_else(|p| p.into_inner());
         if q.submitted < value {
             q.submitted = value;
@@ -717,7 +728,12 @@ impl Drop for Context {
         // SAFETY: every other owner of the device (server, futures, workers) held an `Arc` to this
         // context and is gone; waiting idle makes sure no submitted work still runs.
         unsafe {
-            let _ = self.device.device_wait_idle();
+            if let Err(e) = self.device.device_wait_idle() {
+                compute_core::error::report_unreturned(
+                    "vulkan: vkDeviceWaitIdle at device drop",
+                    &e,
+                );
+            }
             self.device.destroy_semaphore(self.timeline, None);
             self.device.destroy_device(None);
         }

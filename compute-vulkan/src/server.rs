@@ -142,7 +142,9 @@ impl Drop for PendingRead {
     fn drop(&mut self) {
         // A read dropped before completion must not hand its staging back while the GPU writes
         // it.
-        let _ = self.ctx.wait(self.value);
+        if let Err(e) = self.ctx.wait(self.value) {
+            compute_core::error::report_unreturned("vulkan: waiting for a dropped read", &e);
+        }
     }
 }
 
@@ -1607,9 +1609,13 @@ impl ComputeServer for VulkanServer {
 
 impl Drop for VulkanServer {
     fn drop(&mut self) {
-        let _ = self.submit();
+        if let Err(e) = self.submit() {
+            compute_core::error::report_unreturned("vulkan: submitting at server drop", &e);
+        }
         // SAFETY: waiting for the device before releasing what its work may still use.
-        let _ = unsafe { self.ctx.device.device_wait_idle() };
+        if let Err(e) = unsafe { self.ctx.device.device_wait_idle() } {
+            compute_core::error::report_unreturned("vulkan: vkDeviceWaitIdle at server drop", &e);
+        }
         self.collectives.shutdown();
         self.graphs.clear();
         self.profiles.clear();

@@ -541,17 +541,6 @@ impl Worker {
         let mut current: Option<vk::CommandBuffer> = None;
         let recorded = (|| {
             for op in &ops.ops {
-                if let Op::Execute(graph) = op {
-                    if let Some(cb) = current.take() {
-                        // SAFETY: `cb` is recording.
-                        unsafe { self.ctx.device.end_command_buffer(cb) }.map_err(|e| {
-                            ServerError::Driver(format!("vkEndCommandBuffer failed: {e}"))
-                        })?;
-                        segments.push(cb);
-                    }
-                    segments.push(*graph);
-                    continue;
-                }
                 let cb = match current {
                     Some(cb) => cb,
                     None => {
@@ -680,7 +669,7 @@ impl Recorder {
     /// a barrier on what was recorded since the last one.
     pub(crate) fn command(&mut self, next: u8) -> Rec<'_> {
         self.barrier_for(next);
-        Rec::Deferred(&mut self.ops)
+        Rec(&mut self.ops)
     }
 
     /// Record the barrier a command of the `next` stages needs (see [`Recorder::command`]).
@@ -705,9 +694,10 @@ impl Recorder {
         self.keep.push(Box::new(value));
     }
 
-    /// Append a pre-recorded command buffer (a graph) to the batch, after what is recorded.
-    pub(crate) fn append(&mut self, cb: vk::CommandBuffer) {
-        self.ops.push(Op::Execute(cb));
+    /// Append a graph's commands to the batch, after what is recorded (the graph starts with a
+    /// barrier against it).
+    pub(crate) fn append(&mut self, graph: &Ops) {
+        self.ops.extend_from(graph);
         self.pending = stage::ALL;
         self.bound.forget();
     }

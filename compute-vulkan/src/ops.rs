@@ -1,7 +1,7 @@
 //! Recorded commands: a batch's commands are collected as a list of [`Op`]s on the issuing thread
-//! and recorded into a command buffer on the submit thread ([`Ops::record`]); graph captures
-//! record straight into their own command buffer. [`Rec`] is the one recording interface over
-//! both, so launches, copies and timestamps are written once.
+//! and recorded into a command buffer on the submit thread ([`Ops::record`]); a graph capture
+//! collects its own list, appended to the batch at each replay. [`Rec`] is the one recording
+//! interface over both, so launches, copies and timestamps are written once.
 
 use ash::vk;
 
@@ -54,8 +54,6 @@ pub(crate) enum Op {
         pool: vk::QueryPool,
         query: u32,
     },
-    /// A pre-recorded command buffer (a graph) runs here, between command buffers of the batch.
-    Execute(vk::CommandBuffer),
     /// Device writes become visible to host reads after the submission.
     HostBarrier,
 }
@@ -98,6 +96,43 @@ impl Ops {
         self.ops.push(op);
     }
 
+    /// Append every command of `other` (a graph's), with its data.
+    pub(crate) fn extend_from(&mut self, other: &Ops) {
+        let (bytes, infos, regions) = (
+            self.bytes.len() as u32,
+            self.infos.len() as u32,
+            self.regions.len() as u32,
+        );
+        self.bytes.extend_from_slice(&other.bytes);
+        self.infos.extend_from_slice(&other.infos);
+        self.bindings.extend_from_slice(&other.bindings);
+        self.regions.extend_from_slice(&other.regions);
+        self.ops.extend(other.ops.iter().map(|&op| match op {
+            Op::Push { layout, start, len } => Op::Push {
+                layout,
+                start: start + bytes,
+                len,
+            },
+            Op::PushDescriptors { layout, start, len } => Op::PushDescriptors {
+                layout,
+                start: start + infos,
+                len,
+            },
+            Op::Copy {
+                src,
+                dst,
+                start,
+                len,
+            } => Op::Copy {
+                src,
+                dst,
+                start: start + regions,
+                len,
+            },
+            other => other,
+        }));
+    }
+
     fn push_bytes(&mut self, layout: vk::PipelineLayout, data: &[u8]) {
         let at = self.bytes.len();
         self.bytes.extend_from_slice(data);
@@ -134,7 +169,6 @@ impl Ops {
     ///
     /// # Safety
     /// `cb` is recording; every object `op` names is alive until the command buffer completed;
-    /// `op` is not [`Op::Execute`] (the caller splits command buffers there).
     pub(crate) unsafe fn record(&self, ctx: &Context, cb: vk::CommandBuffer, op: &Op) {
         let device = &ctx.device;
         let range = |start: u32, len: u32| start as usize..(start + len) as usize;
@@ -184,9 +218,6 @@ impl Ops {
                     query,
                 ),
                 Op::HostBarrier => host_barrier(device, cb),
-                Op::Execute(_) => {
-                    unreachable!("graph command buffers are submitted, not recorded into others")
-                }
             }
         }
     }
@@ -249,21 +280,13 @@ fn host_barrier(device: &ash::Device, cb: vk::CommandBuffer) {
     }
 }
 
-/// Where commands go: straight into a recording command buffer (graph captures), or into the
-/// open batch's list (recorded on the submit thread).
-pub(crate) enum Rec<'a> {
-    Direct(&'a Context, vk::CommandBuffer),
-    Deferred(&'a mut Ops),
-}
+/// Where commands go: the open batch's list or a graph capture's (recorded into a command buffer
+/// on the submit thread, a graph's at each replay).
+pub(crate) struct Rec<'a>(pub(crate) &'a mut Ops);
 
 impl Rec<'_> {
     fn op(&mut self, op: Op) {
-        match self {
-            // SAFETY: a direct target is a recording command buffer whose objects its owner
-            // keeps alive (the graph holds them); `op` is never `Execute` here.
-            Rec::Direct(ctx, cb) => unsafe { Ops::default().record(ctx, *cb, &op) },
-            Rec::Deferred(ops) => ops.push(op),
-        }
+        self.0.push(op);
     }
 
     pub(crate) fn bind_pipeline(&mut self, pipeline: vk::Pipeline) {
@@ -275,21 +298,7 @@ impl Rec<'_> {
     }
 
     pub(crate) fn push_constants(&mut self, layout: vk::PipelineLayout, data: &[u8]) {
-        match self {
-            Rec::Direct(ctx, cb) => {
-                // SAFETY: as in `op`.
-                unsafe {
-                    ctx.device.cmd_push_constants(
-                        *cb,
-                        layout,
-                        vk::ShaderStageFlags::COMPUTE,
-                        0,
-                        data,
-                    )
-                }
-            }
-            Rec::Deferred(ops) => ops.push_bytes(layout, data),
-        }
+        self.0.push_bytes(layout, data);
     }
 
     pub(crate) fn push_descriptors(
@@ -298,13 +307,7 @@ impl Rec<'_> {
         bindings: &[u32],
         infos: &[vk::DescriptorBufferInfo],
     ) {
-        match self {
-            // SAFETY: as in `op`; pipelines that push descriptors exist only with the extension.
-            Rec::Direct(ctx, cb) => unsafe {
-                push_descriptor_set(ctx, *cb, layout, bindings, infos)
-            },
-            Rec::Deferred(ops) => ops.push_descriptors(layout, bindings, infos),
-        }
+        self.0.push_descriptors(layout, bindings, infos);
     }
 
     pub(crate) fn dispatch(&mut self, count: [u32; 3]) {
@@ -316,11 +319,7 @@ impl Rec<'_> {
     }
 
     pub(crate) fn copy(&mut self, src: vk::Buffer, dst: vk::Buffer, regions: &[vk::BufferCopy]) {
-        match self {
-            // SAFETY: as in `op`.
-            Rec::Direct(ctx, cb) => unsafe { ctx.device.cmd_copy_buffer(*cb, src, dst, regions) },
-            Rec::Deferred(ops) => ops.copy(src, dst, regions),
-        }
+        self.0.copy(src, dst, regions);
     }
 
     pub(crate) fn reset_queries(&mut self, pool: vk::QueryPool, first: u32, count: u32) {

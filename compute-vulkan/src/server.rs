@@ -31,7 +31,7 @@ use compute_core::{
 };
 use hashbrown::HashMap;
 
-use crate::batch::{CommandPool, Linear, Recorder, Staging, barrier, stage};
+use crate::batch::{Linear, Recorder, Staging, stage};
 use crate::collective::{Collectives, Round};
 use crate::context::Context;
 use crate::descriptors::{DescriptorCache, Range};
@@ -39,6 +39,7 @@ use crate::device::{VulkanDevice, device_count};
 use crate::guard::{GUARD_BYTES, IndirectGuard, cleared_status, guard_kernel};
 use crate::kernel::VulkanKernel;
 use crate::ops::Rec;
+use crate::ops::{Op, Ops};
 use crate::pipeline::{Pipeline, PipelineCache};
 use crate::spirv::{self, SpirvCaps};
 use crate::storage::{Block, Retired, VulkanResource, VulkanStorage};
@@ -95,23 +96,46 @@ impl Drop for FreeBlock {
     }
 }
 
-/// A capture in progress on a stream.
+/// A capture in progress on a stream: the commands, recorded as [`Ops`] that each replay appends
+/// to the open batch (recorded into the batch's own command buffer on the submit thread, as plain
+/// launches are: no simultaneous-use command buffer, which drivers may copy or patch at every
+/// submission), and the buffer ranges used since the capture's last barrier.
 struct Capture {
-    pool: CommandPool,
-    cb: vk::CommandBuffer,
+    ops: Ops,
     linear: Linear,
-    needs_barrier: bool,
+    since_barrier: Vec<(vk::Buffer, u64, u64)>,
     keep: Vec<Box<dyn Any + Send>>,
 }
 
-/// A captured graph: a command buffer re-submitted on each replay, and what it uses.
+impl Capture {
+    /// Record the barrier a dispatch using `ranges` (buffer, offset, bytes) needs: one before the
+    /// graph's first command (against the work before the replay), and one before a dispatch
+    /// that uses a range overlapping one used since the last barrier (every use is taken as a
+    /// write). The capture knows every command of the graph, so independent dispatches run
+    /// without barriers between them, which plain launches cannot know.
+    fn barrier_for(&mut self, ranges: impl Iterator<Item = (vk::Buffer, u64, u64)> + Clone) {
+        let overlaps = |&(b, o, n): &(vk::Buffer, u64, u64)| {
+            ranges.clone().any(|(b2, o2, n2)| {
+                b == b2 && o < o2.saturating_add(n2) && o2 < o.saturating_add(n)
+            })
+        };
+        if self.ops.is_empty() || self.since_barrier.iter().any(overlaps) {
+            self.ops.push(Op::Barrier {
+                src: stage::ALL,
+                dst: stage::ALL,
+            });
+            self.since_barrier.clear();
+        }
+        self.since_barrier.extend(ranges);
+    }
+}
+
+/// A captured graph: its commands, appended to the open batch on each replay, and what they use.
 struct VulkanGraph {
     stream: StreamId,
-    cb: vk::CommandBuffer,
-    // Field order: the command buffer's pool goes last, after what its commands reference.
+    ops: Ops,
     _keep: Vec<Box<dyn Any + Send>>,
     _chunks: Vec<Staging>,
-    _pool: CommandPool,
 }
 
 struct StreamState {
@@ -837,14 +861,20 @@ impl VulkanServer {
         };
         let (mut rec, linear, graph_keep) = match capture {
             Some(capture) => {
-                if capture.needs_barrier {
-                    barrier(ctx, capture.cb);
-                }
-                capture.needs_barrier = true;
+                let count_range = match count {
+                    DispatchCount::Dynamic { buffer, offset } => Some((buffer, offset, 12)),
+                    DispatchCount::Static(_) => None,
+                };
+                capture.barrier_for(
+                    descriptors
+                        .iter()
+                        .map(|d| (d.buffer, d.offset, d.range))
+                        .chain(count_range),
+                );
                 capture.keep.push(Box::new(pipeline.clone()));
                 capture.keep.push(Box::new(keep));
                 (
-                    Rec::Direct(ctx, capture.cb),
+                    Rec(&mut capture.ops),
                     &mut capture.linear,
                     Some(&mut capture.keep),
                 )
@@ -852,11 +882,7 @@ impl VulkanServer {
             None => {
                 self.recorder.barrier_for(count.stages());
                 self.recorder.dispatches += 1;
-                (
-                    Rec::Deferred(&mut self.recorder.ops),
-                    &mut self.recorder.linear,
-                    None,
-                )
+                (Rec(&mut self.recorder.ops), &mut self.recorder.linear, None)
             }
         };
         let push_bytes = pipeline.push_constant_bytes as usize;
@@ -877,7 +903,8 @@ impl VulkanServer {
                 // A graph outlives cache clears: it keeps the pool of its sets.
                 keep.push(Box::new(pool.clone()));
             }
-            // Graph captures record into their own command buffer: no state tracking there.
+            // Graph captures record into their own list, replayed after any command: no state
+            // tracking there.
             // The pipeline, the set (its pool is kept until the work completes) and every bound
             // buffer are alive until the commands completed; skipped binds are already bound in
             // the command buffer (same pipeline, hence same layout).
@@ -1416,13 +1443,10 @@ impl ComputeServer for VulkanServer {
 
     fn begin_capture(&mut self, stream: StreamId) -> Result<(), ServerError> {
         self.ensure_not_capturing(stream, "start_capture")?;
-        let pool = CommandPool::new(&self.ctx, self.family)?;
-        let cb = pool.begin(None, vk::CommandBufferUsageFlags::SIMULTANEOUS_USE)?;
         self.stream(stream)?.capture = Some(Capture {
-            pool,
-            cb,
+            ops: Ops::default(),
             linear: Linear::default(),
-            needs_barrier: true,
+            since_barrier: Vec::new(),
             keep: Vec::new(),
         });
         self.captures += 1;
@@ -1437,18 +1461,14 @@ impl ComputeServer for VulkanServer {
             .ok_or_else(|| ServerError::capture_not_started(stream))?;
         state.memory.mode(MemoryAllocationMode::Auto);
         self.captures -= 1;
-        // SAFETY: the capture's command buffer is recording.
-        unsafe { self.ctx.device.end_command_buffer(capture.cb) }
-            .map_err(|e| ServerError::Driver(format!("vkEndCommandBuffer failed: {e}")))?;
         let id = GraphId::fresh();
         self.graphs.insert(
             id,
             VulkanGraph {
                 stream,
-                cb: capture.cb,
+                ops: core::mem::take(&mut capture.ops),
                 _keep: core::mem::take(&mut capture.keep),
                 _chunks: capture.linear.take(),
-                _pool: capture.pool,
             },
         );
         Ok(id)
@@ -1460,11 +1480,10 @@ impl ComputeServer for VulkanServer {
         if let Some(guard) = &mut self.guard {
             guard.unread = true;
         }
-        let cb =
-            compute_core::graph::graph_for_replay(&mut self.graphs, graph, stream, |g| g.stream)?
-                .cb;
+        let graph =
+            compute_core::graph::graph_for_replay(&mut self.graphs, graph, stream, |g| g.stream)?;
         // The graph's first command is a barrier against earlier work.
-        self.recorder.append(cb);
+        self.recorder.append(&graph.ops);
         self.recorder.dispatches += 1;
         self.after_command()
     }

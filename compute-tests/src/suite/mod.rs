@@ -150,6 +150,7 @@ macro_rules! for_each_test {
             graph::capture_rejects_sync_and_fresh_allocation,
             graph::capture_beside_writes_on_other_streams,
             graph::dropped_graph_frees_its_buffers_at_the_next_sync,
+            graph::graph_keeps_every_dependency,
             graph::graph_replays_after_its_handles_dropped,
             collective::all_reduce_sum_and_mean,
             collective::all_reduce_orders_with_compute,

@@ -18,6 +18,7 @@
 // `#[kernel]` expands to `::compute_core::...` paths; this makes them resolve in this crate too.
 extern crate self as compute_core;
 
+pub mod backend;
 pub mod bytes;
 pub mod client;
 pub mod collective;

@@ -4,16 +4,14 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use compute_core::backend::{Graphs, StreamEntry, Streams};
 use compute_core::collective::HostRendezvous;
 use compute_core::future::{DynFut, oneshot};
 use compute_core::graph::GraphId;
 use compute_core::handle::{BufferArgument, HandleOwner, StreamPoint};
 use compute_core::kernel::KernelId;
 use compute_core::layout::{contiguous_strides, for_each_row, pack_tensors};
-use compute_core::memory::{
-    MemoryAllocationMode, MemoryDeviceProperties, MemoryManagement, MemoryPoolsConfig, MemoryUsage,
-    PoolConfigError,
-};
+use compute_core::memory::{MemoryAllocationMode, MemoryPoolsConfig, MemoryUsage, PoolConfigError};
 use compute_core::profile::{ProfileTable, ProfileToken, host_profile};
 use compute_core::{
     Binding, Bytes, ComputeServer, CopyDescriptor, CubeCount, DeviceId, DeviceProperties, ElemType,
@@ -46,11 +44,8 @@ pub struct CpuInfo {
     pub cpu_features: String,
 }
 
-struct StreamState {
-    worker: Worker,
-    memory: MemoryManagement<CpuStorage>,
-    capture: Option<Vec<Arc<RecordedLaunch>>>,
-}
+/// A stream: its pools, its capture (the launches recorded so far) and its worker thread.
+type StreamState = StreamEntry<CpuStorage, Worker, Vec<Arc<RecordedLaunch>>>;
 
 enum CountSource {
     Static([u32; 3]),
@@ -121,20 +116,17 @@ impl RecordedLaunch {
     }
 }
 
-struct CpuGraph {
-    stream: StreamId,
-    launches: Vec<Arc<RecordedLaunch>>,
-}
+/// A captured graph: the launches it replays.
+type CpuGraph = Vec<Arc<RecordedLaunch>>;
 
 /// The server of one logical CPU device.
 pub struct CpuServer {
     device: CpuDevice,
     owner: HandleOwner,
     properties: DeviceProperties,
-    pool_config: MemoryPoolsConfig,
-    streams: HashMap<StreamId, StreamState>,
+    streams: Streams<CpuStorage, Worker, Vec<Arc<RecordedLaunch>>>,
     plans: HashMap<KernelId, Arc<Plan>>,
-    graphs: HashMap<GraphId, CpuGraph>,
+    graphs: Graphs<CpuGraph>,
     profiles: ProfileTable<()>,
     /// One communication stream per collective group, like one NCCL communicator each: two
     /// groups sharing a queue could deadlock (each device waiting in a different group's round).
@@ -152,57 +144,25 @@ impl CpuServer {
         Self {
             device,
             owner,
+            streams: Streams::new(owner, properties.memory.clone()),
             properties,
-            pool_config: MemoryPoolsConfig::default(),
-            streams: HashMap::new(),
             plans: HashMap::new(),
-            graphs: HashMap::new(),
+            graphs: Graphs::default(),
             profiles: ProfileTable::default(),
             comm_streams: BTreeMap::new(),
         }
     }
 
-    fn memory_properties(&self) -> MemoryDeviceProperties {
-        self.properties.memory.clone()
-    }
-
     fn stream(&mut self, id: StreamId) -> Result<&mut StreamState, ServerError> {
-        if !self.streams.contains_key(&id) {
-            let worker = Worker::spawn(format!("cpu{}-{}", self.device.index, id))?;
-            let memory = MemoryManagement::new(
-                CpuStorage::new(),
-                &self.pool_config,
-                self.memory_properties(),
-            )
-            .map_err(ServerError::from)?;
-            self.streams.insert(
-                id,
-                StreamState {
-                    worker,
-                    memory,
-                    capture: None,
-                },
-            );
-        }
-        Ok(self
-            .streams
-            .get_mut(&id)
-            .unwrap_or_else(|| unreachable!("inserted just above")))
+        let index = self.device.index;
+        self.streams.get_or_create(id, || {
+            let worker = Worker::spawn(format!("cpu{index}-{id}"))?;
+            Ok((CpuStorage::new(), worker))
+        })
     }
 
     fn resolve(&mut self, binding: &Binding) -> Result<CpuResource, ServerError> {
-        binding.check_owner(self.owner)?;
-        let handle = binding.handle();
-        let missing = || ServerError::NoMemory;
-        let state = self.streams.get_mut(&handle.stream()).ok_or_else(missing)?;
-        state
-            .memory
-            .get_resource(
-                handle.memory().id(),
-                handle.slice_offset_start(),
-                handle.slice_offset_end(),
-            )
-            .ok_or_else(missing)
+        self.streams.resolve(binding)
     }
 
     /// Points of other streams that the next command of `stream` must wait for.
@@ -215,9 +175,9 @@ impl CpuServer {
         for binding in bindings {
             if let Some(point) = binding.handle().access().last()
                 && point.stream != stream
-                && let Some(other) = self.streams.get(&point.stream)
+                && let Some(other) = self.streams.get(point.stream)
             {
-                waits.push((other.worker.progress().clone(), point.seq));
+                waits.push((other.queue.progress().clone(), point.seq));
             }
         }
         waits
@@ -245,9 +205,9 @@ impl CpuServer {
         let waits = self.waits(stream, bindings.iter().copied());
         let state = self.stream(stream)?;
         let seq = if inline {
-            state.worker.submit_or_run(waits, command)
+            state.queue.submit_or_run(waits, command)
         } else {
-            state.worker.submit(waits, command)
+            state.queue.submit(waits, command)
         };
         for binding in bindings {
             binding
@@ -258,11 +218,8 @@ impl CpuServer {
         Ok(seq)
     }
 
-    fn ensure_not_capturing(&mut self, stream: StreamId, what: &str) -> Result<(), ServerError> {
-        if self.stream(stream)?.capture.is_some() {
-            return Err(ServerError::capture_running(what, stream));
-        }
-        Ok(())
+    fn ensure_not_capturing(&self, stream: StreamId, what: &str) -> Result<(), ServerError> {
+        self.streams.ensure_not_capturing(stream, what)
     }
 
     fn plan(&mut self, kernel: &CpuKernel) -> Result<Arc<Plan>, ServerError> {
@@ -278,7 +235,7 @@ impl CpuServer {
     fn sync_marker(&mut self, stream: StreamId) -> DynFut<Result<(), ServerError>> {
         let (tx, rx) = oneshot();
         let errors = match self.stream(stream) {
-            Ok(state) => state.worker.errors().clone(),
+            Ok(state) => state.queue.errors().clone(),
             Err(e) => return Box::pin(core::future::ready(Err(e))),
         };
         let command: Command = Box::new(move || {
@@ -434,7 +391,7 @@ impl ComputeServer for CpuServer {
         };
         let (tx, rx) = oneshot();
         let errors = match self.stream(stream) {
-            Ok(state) => state.worker.errors().clone(),
+            Ok(state) => state.queue.errors().clone(),
             Err(e) => return Box::pin(core::future::ready(Err(e))),
         };
         let bindings: Vec<Binding> = descriptors.iter().map(|d| d.binding.clone()).collect();
@@ -478,11 +435,11 @@ impl ComputeServer for CpuServer {
     ) -> Result<CpuResource, ServerError> {
         let resource = self.resolve(&binding)?;
         if let Some(point) = binding.handle().access().last()
-            && let Some(other) = self.streams.get(&point.stream)
+            && let Some(other) = self.streams.get(point.stream)
         {
-            other.worker.progress().wait_for(point.seq);
+            other.queue.progress().wait_for(point.seq);
         }
-        self.stream(stream)?.worker.wait_idle();
+        self.stream(stream)?.queue.wait_idle();
         Ok(resource)
     }
 
@@ -548,7 +505,7 @@ impl ComputeServer for CpuServer {
     }
 
     fn flush(&mut self, stream: StreamId) -> Result<(), ServerError> {
-        match self.stream(stream)?.worker.take_error() {
+        match self.stream(stream)?.queue.take_error() {
             Some(e) => Err(e),
             None => Ok(()),
         }
@@ -562,7 +519,7 @@ impl ComputeServer for CpuServer {
     }
 
     fn stream_ids(&self) -> Vec<StreamId> {
-        self.streams.keys().copied().collect()
+        self.streams.ids()
     }
 
     fn memory_usage(&mut self, stream: StreamId) -> Result<MemoryUsage, ServerError> {
@@ -570,31 +527,21 @@ impl ComputeServer for CpuServer {
     }
 
     fn memory_cleanup(&mut self, stream: StreamId) {
-        if let Some(state) = self.streams.get_mut(&stream) {
-            state.memory.cleanup(true);
-        }
+        self.streams.cleanup(stream);
     }
 
     fn retire_stream(&mut self, stream: StreamId, wait: bool) -> bool {
-        let Some(state) = self.streams.get(&stream) else {
-            return true;
-        };
-        if state.capture.is_some() {
-            return false;
-        }
         // Its queued work runs first (queued commands hold the bindings they use); other
         // streams' commands that wait for it hold its progress counter (an `Arc`), not the state.
-        if wait {
-            state.worker.wait_idle();
-        } else if !state.worker.is_idle() {
-            return false;
-        }
-        if state.memory.memory_usage().number_allocs > 0 {
-            return false;
-        }
         // Dropping the state frees its pools and stops its worker thread.
-        self.streams.remove(&stream);
-        true
+        self.streams.try_retire(stream, |state| {
+            if wait {
+                state.queue.wait_idle();
+                true
+            } else {
+                state.queue.is_idle()
+            }
+        })
     }
 
     fn allocation_mode(
@@ -611,46 +558,25 @@ impl ComputeServer for CpuServer {
         config: &MemoryPoolsConfig,
         stream: StreamId,
     ) -> Result<bool, PoolConfigError> {
-        config.resolve(&self.properties.memory)?;
-        self.pool_config = config.clone();
-        match self.stream(stream) {
-            Ok(state) => state.memory.reconfigure(config),
-            Err(_) => Ok(false),
-        }
+        self.streams.configure_memory_pools(config, stream)
     }
 
     fn graph_prepare(&mut self, stream: StreamId) -> Result<(), ServerError> {
-        self.ensure_not_capturing(stream, "graph_prepare")?;
-        self.stream(stream)?
-            .memory
-            .mode(MemoryAllocationMode::Persistent);
-        Ok(())
+        self.stream(stream)?.prepare_graph(stream)
     }
 
     fn begin_capture(&mut self, stream: StreamId) -> Result<(), ServerError> {
-        self.ensure_not_capturing(stream, "start_capture")?;
-        self.stream(stream)?.capture = Some(Vec::new());
-        Ok(())
+        self.stream(stream)?.begin_capture(stream, Vec::new())
     }
 
     fn end_capture(&mut self, stream: StreamId) -> Result<GraphId, ServerError> {
-        let state = self.stream(stream)?;
-        let launches = state
-            .capture
-            .take()
-            .ok_or_else(|| ServerError::capture_not_started(stream))?;
-        state.memory.mode(MemoryAllocationMode::Auto);
-        let id = GraphId::fresh();
-        self.graphs.insert(id, CpuGraph { stream, launches });
-        Ok(id)
+        let launches = self.stream(stream)?.end_capture(stream)?;
+        Ok(self.graphs.insert(stream, launches))
     }
 
     fn graph_replay(&mut self, graph: GraphId, stream: StreamId) -> Result<(), ServerError> {
         self.ensure_not_capturing(stream, "graph replay")?;
-        let launches =
-            compute_core::graph::graph_for_replay(&mut self.graphs, graph, stream, |g| g.stream)?
-                .launches
-                .clone();
+        let launches = self.graphs.for_replay(graph, stream)?.clone();
         for launch in launches {
             let bindings: Vec<Binding> = launch.bindings().cloned().collect();
             let refs: Vec<&Binding> = bindings.iter().collect();
@@ -660,7 +586,7 @@ impl ComputeServer for CpuServer {
     }
 
     fn graph_release(&mut self, graph: GraphId) {
-        self.graphs.remove(&graph);
+        self.graphs.remove(graph);
     }
 
     fn profile_start(&mut self, stream: StreamId) -> Result<ProfileToken, ProfileError> {
@@ -746,8 +672,8 @@ impl ComputeServer for CpuServer {
 impl Drop for CpuServer {
     fn drop(&mut self) {
         // Commands hold raw pointers into the pools: let them finish before storage is freed.
-        for state in self.streams.values() {
-            state.worker.wait_idle();
+        for (_, state) in self.streams.iter() {
+            state.queue.wait_idle();
         }
     }
 }

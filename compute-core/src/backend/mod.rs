@@ -1,0 +1,20 @@
+//! The kit a backend server is built from: the rules every backend shares, written once.
+//!
+//! - [`Streams`]: each stream's memory, capture state and backend queue; the stream, binding and
+//!   memory methods of [`ComputeServer`](crate::ComputeServer), and the capture rule (no
+//!   `graph_prepare`, capture or profile while a capture runs on the stream; persistent memory
+//!   while a graph is prepared or captured).
+//! - [`Graphs`]: the registry of captured graphs, with the replay rule (a graph replays on the
+//!   stream it was captured on).
+//!
+//! A backend keeps only what is truly its own: the driver calls, its compiler and its command
+//! recording. The collective checks live in [`collective`](crate::collective), the launch limits
+//! in [`KernelDefinition::validate`](crate::kernel::KernelDefinition::validate), the scalar
+//! encoding in [`ScalarValue`](crate::kernel::ScalarValue), the error queue in
+//! [`error`](crate::error).
+
+mod graphs;
+mod streams;
+
+pub use graphs::Graphs;
+pub use streams::{StreamEntry, Streams};

@@ -4,13 +4,13 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use compute_core::backend::{Graphs, StreamEntry, Streams};
+use compute_core::backend::{CreateRules, Graphs, StreamEntry, Streams};
 use compute_core::collective::HostRendezvous;
 use compute_core::future::{DynFut, oneshot};
 use compute_core::graph::GraphId;
 use compute_core::handle::{BufferArgument, HandleOwner, StreamPoint};
 use compute_core::kernel::KernelId;
-use compute_core::layout::{contiguous_strides, for_each_row, pack_tensors};
+use compute_core::layout::{contiguous_strides, for_each_row};
 use compute_core::memory::{MemoryAllocationMode, MemoryPoolsConfig, MemoryUsage, PoolConfigError};
 use compute_core::profile::{ProfileTable, ProfileToken, host_profile};
 use compute_core::{
@@ -150,6 +150,15 @@ impl CpuServer {
             graphs: Graphs::default(),
             profiles: ProfileTable::default(),
             comm_streams: BTreeMap::new(),
+        }
+    }
+
+    /// The CPU's layout of a `create`: 32-byte starts, its pitch alignment, one page at most.
+    fn create_rules(&self) -> CreateRules {
+        CreateRules {
+            alignment: CPU_ALIGNMENT,
+            pitch_alignment: self.properties.pitch_alignment,
+            max_size: self.properties.memory.max_page_size,
         }
     }
 
@@ -325,20 +334,15 @@ impl ComputeServer for CpuServer {
         descriptors: &[MemoryLayoutDescriptor],
         stream: StreamId,
     ) -> Result<Vec<MemoryLayout>, ServerError> {
-        let packed = pack_tensors(descriptors, CPU_ALIGNMENT, self.properties.pitch_alignment)?;
-        let total = packed.total();
-        let owner = self.owner;
-        let state = self.stream(stream)?;
-        let slice = state.memory.reserve_for(total, state.capture.is_some())?;
-        let base = Handle::new(slice, owner, stream);
-        Ok(packed.layouts(&base, descriptors))
+        let (owner, rules) = (self.owner, self.create_rules());
+        self.stream(stream)?
+            .create(owner, stream, descriptors, &rules)
     }
 
     fn create_buffer(&mut self, size: u64, stream: StreamId) -> Result<Handle, ServerError> {
-        let owner = self.owner;
-        let state = self.stream(stream)?;
-        let slice = state.memory.reserve_for(size, state.capture.is_some())?;
-        Ok(Handle::new(slice, owner, stream))
+        let (owner, rules) = (self.owner, self.create_rules());
+        self.stream(stream)?
+            .create_buffer(owner, stream, size, &rules)
     }
 
     fn write(

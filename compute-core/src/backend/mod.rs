@@ -17,4 +17,4 @@ mod graphs;
 mod streams;
 
 pub use graphs::Graphs;
-pub use streams::{StreamEntry, Streams};
+pub use streams::{CreateRules, StreamEntry, Streams};

@@ -3,7 +3,8 @@
 use hashbrown::HashMap;
 
 use crate::error::ServerError;
-use crate::handle::{Binding, HandleOwner};
+use crate::handle::{Binding, Handle, HandleOwner};
+use crate::layout::{pack_tensors, MemoryLayout, MemoryLayoutDescriptor};
 use crate::memory::{
     MemoryAllocationMode, MemoryDeviceProperties, MemoryManagement, MemoryPoolsConfig, MemoryUsage,
     PoolConfigError,
@@ -22,7 +23,68 @@ pub struct StreamEntry<S: ComputeStorage, Q, C> {
     pub queue: Q,
 }
 
+/// How a backend lays out the memory of a `create` call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CreateRules {
+    /// Where each tensor of one `create` starts: a multiple of this.
+    pub alignment: u64,
+    /// The row pitch alignment of 2-D and higher tensors (`None`: rows are packed).
+    pub pitch_alignment: Option<usize>,
+    /// The largest single allocation the device can hold (`max_page_size`, or the backend's
+    /// own block limit).
+    pub max_size: u64,
+}
+
+impl CreateRules {
+    /// [`ServerError::BufferTooLarge`] when `size` exceeds [`max_size`](Self::max_size).
+    ///
+    /// # Errors
+    /// As above.
+    pub fn check_size(&self, size: u64) -> Result<(), ServerError> {
+        if size <= self.max_size {
+            return Ok(());
+        }
+        Err(ServerError::BufferTooLarge {
+            requested: size,
+            maximum: self.max_size,
+        })
+    }
+}
+
 impl<S: ComputeStorage, Q, C> StreamEntry<S, Q, C> {
+    /// `create` on this stream (`id`) of server `owner`: the tensors packed into one
+    /// allocation after `rules`, persistent while a capture runs.
+    ///
+    /// # Errors
+    /// A layout error, [`ServerError::BufferTooLarge`], or the pools' allocation error.
+    pub fn create(
+        &mut self,
+        owner: HandleOwner,
+        id: StreamId,
+        descriptors: &[MemoryLayoutDescriptor],
+        rules: &CreateRules,
+    ) -> Result<Vec<MemoryLayout>, ServerError> {
+        let packed = pack_tensors(descriptors, rules.alignment, rules.pitch_alignment)?;
+        let base = self.create_buffer(owner, id, packed.total(), rules)?;
+        Ok(packed.layouts(&base, descriptors))
+    }
+
+    /// `create_buffer` on this stream (`id`) of server `owner`: `size` bytes, no layout.
+    ///
+    /// # Errors
+    /// [`ServerError::BufferTooLarge`], or the pools' allocation error.
+    pub fn create_buffer(
+        &mut self,
+        owner: HandleOwner,
+        id: StreamId,
+        size: u64,
+        rules: &CreateRules,
+    ) -> Result<Handle, ServerError> {
+        rules.check_size(size)?;
+        let slice = self.memory.reserve_for(size, self.capture.is_some())?;
+        Ok(Handle::new(slice, owner, id))
+    }
+
     /// `graph_prepare` on this stream (`id`): refused while a capture runs, then persistent
     /// memory.
     ///

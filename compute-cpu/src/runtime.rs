@@ -27,12 +27,12 @@ fn properties(device: CpuDevice) -> DeviceProperties {
         name: format!(
             "cpu:{} ({}; {})",
             device.index,
-            if crate::exec::jit::enabled() {
+            if crate::compiler::jit::enabled() {
                 "jit"
             } else {
                 "interpreter"
             },
-            crate::exec::jit::features().describe()
+            crate::compiler::jit::features().describe()
         ),
         backend: "cpu".into(),
         memory: MemoryDeviceProperties {
@@ -41,12 +41,12 @@ fn properties(device: CpuDevice) -> DeviceProperties {
         },
         memory_total: total,
         hardware: HardwareProperties {
-            plane_size_min: crate::exec::PLANE_SIZE,
-            plane_size_max: crate::exec::PLANE_SIZE,
-            max_units_per_cube: crate::exec::MAX_UNITS_PER_CUBE,
-            max_cube_dim: [crate::exec::MAX_UNITS_PER_CUBE; 3],
+            plane_size_min: crate::compiler::PLANE_SIZE,
+            plane_size_max: crate::compiler::PLANE_SIZE,
+            max_units_per_cube: crate::compiler::MAX_UNITS_PER_CUBE,
+            max_cube_dim: [crate::compiler::MAX_UNITS_PER_CUBE; 3],
             max_cube_count: [u32::MAX; 3],
-            max_shared_memory_bytes: crate::exec::MAX_SHARED_MEMORY_BYTES,
+            max_shared_memory_bytes: crate::compiler::MAX_SHARED_MEMORY_BYTES,
             num_compute_units: rayon::current_num_threads() as u32,
             max_load_bytes: 64,
             max_private_bytes_per_unit:

@@ -36,9 +36,9 @@
 //! assert_eq!(out, [1, 2, 3]);
 //! ```
 
-mod backend;
+mod select;
 
-pub use backend::{BACKEND_ENV, Backend, BackendError, BackendStatus, Choice, RunOn};
+pub use select::{BACKEND_ENV, Backend, BackendError, BackendStatus, Choice, RunOn};
 pub use compute_core;
 pub use compute_core::*;
 

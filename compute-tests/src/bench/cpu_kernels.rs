@@ -499,7 +499,7 @@ fn compile_time() -> Row {
         for _ in 0..rounds {
             for def in &kernels {
                 std::hint::black_box(
-                    compute::cpu::exec::compile_interpreted(def).expect("compiles"),
+                    compute::cpu::compiler::compile_interpreted(def).expect("compiles"),
                 );
             }
         }
@@ -529,7 +529,7 @@ fn jit_compile_time() -> Row {
         covered = 0;
         for _ in 0..rounds {
             for def in &kernels {
-                let plan = compute::cpu::exec::compile_jit(def).expect("compiles");
+                let plan = compute::cpu::compiler::compile_jit(def).expect("compiles");
                 if let Some(us) = plan.jit_compile_us() {
                     total_us += us;
                     covered += 1;

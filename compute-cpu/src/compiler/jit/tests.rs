@@ -1,4 +1,6 @@
 //! The JIT against the interpreter: the same kernels on the same inputs give the same bits.
+//!
+//! Size: a test file; each test is one operation family checked against the interpreter.
 
 use compute_core::elem::ElemType;
 use compute_core::kernel::{BinaryOp, CmpOp, KernelBuilder, KernelDefinition, UnaryOp};

@@ -4,6 +4,9 @@
 //! components (or more), scalars otherwise. Operations with a vector instruction whose result is
 //! exactly the scalar one run on chunks; all others split the chunks into components, apply the
 //! scalar operation and rebuild. Semantics follow the interpreter (`lanes.rs`) bit for bit.
+//!
+//! Size: one file because every IR operation's code generation shares the chunk model and the
+//! emitter state above; split by operation family it would spread one `match` over several files.
 
 use compute_core::elem::ElemType;
 use compute_core::kernel::{
@@ -23,8 +26,8 @@ use hashbrown::HashMap;
 use super::analysis::{Analysis, CubeNode};
 use super::helpers::{PlaneStep, PlaneSteps};
 use super::{CTX_BUFS, CTX_COUNT, CTX_SCALARS, CTX_UNCHECKED, CTX_ZEROS, Features};
-use crate::exec::PLANE_SIZE;
-use crate::exec::plane;
+use crate::compiler::PLANE_SIZE;
+use crate::compiler::plane;
 
 /// Byte layout of a worker's state and shared memory, as the generated code addresses them.
 #[derive(Debug, Clone, Default)]

@@ -1,5 +1,8 @@
 //! Compiling a kernel into a [`Plan`]: a tree of control nodes over flat register instructions,
 //! each instruction a lane kernel chosen for its types.
+//!
+//! Size: the compiler from IR to plan is one pass over the statement tree; its per-operation
+//! arms and the register allocation they share stay together.
 
 use compute_core::elem::ElemType;
 use compute_core::error::ServerError;

@@ -444,7 +444,7 @@ mod tests {
         let exe = std::env::current_exe().unwrap();
         for value in ["cpu", "metal"] {
             let out = std::process::Command::new(&exe)
-                .args(["--exact", "backend::tests::best_reads_the_env_var"])
+                .args(["--exact", "select::tests::best_reads_the_env_var"])
                 .env("COMPUTE_FACADE_CHILD", "1")
                 .env(BACKEND_ENV, value)
                 .output()

@@ -15,7 +15,7 @@
 //! ```
 //! use compute_core::elem::ElemType;
 //! use compute_core::kernel::{KernelBuilder, ScalarValue};
-//! use compute_cpu::exec::{HostArg, compile};
+//! use compute_cpu::compiler::{HostArg, compile};
 //!
 //! let mut k = KernelBuilder::new("scale", [64, 1, 1]);
 //! let x = k.output("x", ElemType::F32, 1);

@@ -1,4 +1,6 @@
 //! Executor tests: kernels run on host buffers against host-computed results.
+//!
+//! Size: a test file; each test is a kernel and its host-computed reference.
 
 use bytemuck::Pod;
 use compute_core::elem::ElemType;
@@ -685,7 +687,7 @@ fn compile_is_fast() {
     assert!(per < std::time::Duration::from_millis(1), "{per:?}");
 }
 
-/// `cargo test -p compute-cpu --release exec::tests::elementwise_throughput -- --ignored --nocapture`
+/// `cargo test -p compute-cpu --release compiler::tests::elementwise_throughput -- --ignored --nocapture`
 #[test]
 #[ignore = "benchmark; run in release"]
 fn elementwise_throughput() {

@@ -1,0 +1,26 @@
+//! Graphs: a capture records the stream's launches (resolved, as they would run); a replay
+//! submits them again in order on the capture's stream.
+
+use compute_core::graph::GraphId;
+use compute_core::{Binding, ServerError, StreamId};
+
+use std::sync::Arc;
+
+use crate::launch::RecordedLaunch;
+use crate::server::CpuServer;
+
+/// A captured graph: the launches it replays.
+pub(crate) type CpuGraph = Vec<Arc<RecordedLaunch>>;
+
+impl CpuServer {
+    pub(crate) fn replay(&mut self, graph: GraphId, stream: StreamId) -> Result<(), ServerError> {
+        self.ensure_not_capturing(stream, "graph replay")?;
+        let launches = self.graphs.for_replay(graph, stream)?.clone();
+        for launch in launches {
+            let bindings: Vec<Binding> = launch.bindings().cloned().collect();
+            let refs: Vec<&Binding> = bindings.iter().collect();
+            self.submit(stream, &refs, Box::new(move || launch.run()))?;
+        }
+        Ok(())
+    }
+}

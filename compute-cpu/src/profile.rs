@@ -1,0 +1,26 @@
+//! Profiling: the CPU's device time is host time from `profile_start` to the stream's sync
+//! marker after `profile_end`.
+
+use compute_core::future::DynFut;
+use compute_core::profile::{ProfileToken, host_profile};
+use compute_core::{ComputeServer, ProfileDuration, ProfileError, StreamId};
+
+use crate::server::CpuServer;
+
+impl CpuServer {
+    pub(crate) fn start_profile(&mut self, stream: StreamId) -> Result<ProfileToken, ProfileError> {
+        self.ensure_not_capturing(stream, "profile")?;
+        Ok(self.profiles.start(None))
+    }
+
+    pub(crate) fn end_profile(
+        &mut self,
+        token: ProfileToken,
+        stream: StreamId,
+    ) -> DynFut<Result<ProfileDuration, ProfileError>> {
+        match self.profiles.end(token) {
+            Ok((start, _)) => host_profile(start, self.sync(stream)),
+            Err(e) => Box::pin(core::future::ready(Err(e))),
+        }
+    }
+}

@@ -12,15 +12,16 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 
 use ash::vk;
+use compute_core::backend::{CreateRules, Graphs, StreamEntry, Streams};
 use compute_core::error::LaunchError;
 use compute_core::future::DynFut;
 use compute_core::graph::GraphId;
 use compute_core::handle::{BufferArgument, HandleOwner};
 use compute_core::kernel::KernelId;
-use compute_core::layout::{contiguous_strides, for_each_row, pack_tensors};
+use compute_core::layout::{contiguous_strides, for_each_row};
 use compute_core::memory::{
-    MemoryAllocationMode, MemoryDeviceProperties, MemoryManagement, MemoryPoolsConfig, MemoryUsage,
-    PoolConfigError, SliceId,
+    MemoryAllocationMode, MemoryDeviceProperties, MemoryPoolsConfig, MemoryUsage, PoolConfigError,
+    SliceId,
 };
 use compute_core::profile::{ProfileTable, ProfileToken, device_profile, host_profile};
 use compute_core::{
@@ -132,16 +133,13 @@ impl Capture {
 
 /// A captured graph: its commands, appended to the open batch on each replay, and what they use.
 struct VulkanGraph {
-    stream: StreamId,
     ops: Ops,
     _keep: Vec<Box<dyn Any + Send>>,
     _chunks: Vec<Staging>,
 }
 
-struct StreamState {
-    memory: MemoryManagement<VulkanStorage>,
-    capture: Option<Capture>,
-}
+/// A stream: its pools and its capture (all streams share the server's one batch and queue).
+type StreamState = StreamEntry<VulkanStorage, (), Capture>;
 
 struct QueryPool {
     ctx: Arc<Context>,
@@ -193,13 +191,12 @@ pub struct VulkanServer {
     info: VulkanInfo,
     owner: HandleOwner,
     properties: DeviceProperties,
-    pool_config: MemoryPoolsConfig,
     /// `minStorageBufferOffsetAlignment`.
     bind_align: u64,
     slice_align: u64,
     max_block: u64,
     family: u32,
-    streams: HashMap<StreamId, StreamState>,
+    streams: Streams<VulkanStorage, (), Capture>,
     retired: Retired,
     recorder: Recorder,
     pipelines: HashMap<(KernelId, bool), Arc<Pipeline>>,
@@ -210,7 +207,7 @@ pub struct VulkanServer {
     batch_limit: usize,
     /// False when `COMPUTE_VULKAN_MAX_BATCH` fixes the limit.
     batch_grows: bool,
-    graphs: HashMap<GraphId, VulkanGraph>,
+    graphs: Graphs<VulkanGraph>,
     profiles: ProfileTable<QueryPool>,
     errors: ErrorQueue,
     collectives: Collectives,
@@ -397,13 +394,12 @@ impl VulkanServer {
         Ok(Self {
             info,
             owner,
+            streams: Streams::new(owner, properties.memory.clone()),
             properties,
-            pool_config: MemoryPoolsConfig::default(),
             bind_align,
             slice_align,
             max_block,
             family,
-            streams: HashMap::new(),
             retired: Retired::default(),
             recorder,
             pipelines: HashMap::new(),
@@ -412,7 +408,7 @@ impl VulkanServer {
             max_batch,
             batch_limit: max_batch,
             batch_grows: compute_core::env::positive::<usize>("COMPUTE_VULKAN_MAX_BATCH").is_none(),
-            graphs: HashMap::new(),
+            graphs: Graphs::default(),
             profiles: ProfileTable::default(),
             errors,
             collectives: Collectives::default(),
@@ -501,17 +497,16 @@ impl VulkanServer {
         Some(read)
     }
 
-    /// An allocation larger than one block can be (the least of maxStorageBufferRange,
+    /// The layout of a `create`: slices start at the slice alignment, rows are packed, and an
+    /// allocation larger than one block can be (the least of maxStorageBufferRange,
     /// maxBufferSize and maxMemoryAllocationSize, rounded down to the slice alignment) is
     /// [`ServerError::BufferTooLarge`].
-    fn check_size(&self, size: u64) -> Result<(), ServerError> {
-        if size <= self.max_block {
-            return Ok(());
+    fn create_rules(&self) -> CreateRules {
+        CreateRules {
+            alignment: self.slice_align,
+            pitch_alignment: None,
+            max_size: self.max_block,
         }
-        Err(ServerError::BufferTooLarge {
-            requested: size,
-            maximum: self.max_block,
-        })
     }
 
     /// The `ash::Device` behind this server, for interop.
@@ -520,34 +515,18 @@ impl VulkanServer {
     }
 
     fn stream(&mut self, id: StreamId) -> Result<&mut StreamState, ServerError> {
-        if !self.streams.contains_key(&id) {
-            let storage = VulkanStorage::new(
-                self.ctx.clone(),
-                self.slice_align,
-                self.max_block,
-                self.retired.clone(),
-            );
-            let memory =
-                MemoryManagement::new(storage, &self.pool_config, self.properties.memory.clone())
-                    .map_err(ServerError::from)?;
-            self.streams.insert(
-                id,
-                StreamState {
-                    memory,
-                    capture: None,
-                },
-            );
-        }
-        Ok(self
-            .streams
-            .get_mut(&id)
-            .unwrap_or_else(|| unreachable!("inserted just above")))
+        let (ctx, retired) = (&self.ctx, &self.retired);
+        let (slice_align, max_block) = (self.slice_align, self.max_block);
+        self.streams.get_or_create(id, || {
+            let storage = VulkanStorage::new(ctx.clone(), slice_align, max_block, retired.clone());
+            Ok((storage, ()))
+        })
     }
 
+    /// [`Streams::resolve`] behind the cache of lately resolved bindings.
     fn resolve(&mut self, binding: &Binding) -> Result<VulkanResource, ServerError> {
         binding.check_owner(self.owner)?;
         let handle = binding.handle();
-        let missing = || ServerError::NoMemory;
         let key = ResolveKey {
             stream: handle.stream(),
             slice: handle.memory().id(),
@@ -557,11 +536,7 @@ impl VulkanServer {
         let resource = match self.resolved.iter().find(|(k, _)| *k == Some(key)) {
             Some(&(_, resource)) => resource,
             None => {
-                let state = self.streams.get_mut(&key.stream).ok_or_else(missing)?;
-                let resource = state
-                    .memory
-                    .get_resource(key.slice, key.start, key.end)
-                    .ok_or_else(missing)?;
+                let resource = self.streams.resolve(binding)?;
                 self.resolved[self.next_resolved] = (Some(key), resource);
                 self.next_resolved = (self.next_resolved + 1) % RESOLVED;
                 resource
@@ -577,9 +552,7 @@ impl VulkanServer {
     }
 
     fn capturing(&self, stream: StreamId) -> bool {
-        self.streams
-            .get(&stream)
-            .is_some_and(|s| s.capture.is_some())
+        self.streams.is_capturing(stream)
     }
 
     /// One write: `data` (the descriptor's compact bytes) copied into the linear staging and a
@@ -627,10 +600,7 @@ impl VulkanServer {
     }
 
     fn ensure_not_capturing(&self, stream: StreamId, what: &str) -> Result<(), ServerError> {
-        if self.capturing(stream) {
-            return Err(ServerError::capture_running(what, stream));
-        }
-        Ok(())
+        self.streams.ensure_not_capturing(stream, what)
     }
 
     fn take_error(&self) -> Result<(), ServerError> {
@@ -854,7 +824,7 @@ impl VulkanServer {
         }
         let capture = if self.captures > 0 {
             self.streams
-                .get_mut(&stream)
+                .get_mut(stream)
                 .and_then(|state| state.capture.as_mut())
         } else {
             None
@@ -1067,22 +1037,15 @@ impl ComputeServer for VulkanServer {
         descriptors: &[MemoryLayoutDescriptor],
         stream: StreamId,
     ) -> Result<Vec<MemoryLayout>, ServerError> {
-        let packed = pack_tensors(descriptors, self.slice_align, None)?;
-        let total = packed.total();
-        self.check_size(total)?;
-        let owner = self.owner;
-        let state = self.stream(stream)?;
-        let slice = state.memory.reserve_for(total, state.capture.is_some())?;
-        let base = Handle::new(slice, owner, stream);
-        Ok(packed.layouts(&base, descriptors))
+        let (owner, rules) = (self.owner, self.create_rules());
+        self.stream(stream)?
+            .create(owner, stream, descriptors, &rules)
     }
 
     fn create_buffer(&mut self, size: u64, stream: StreamId) -> Result<Handle, ServerError> {
-        self.check_size(size)?;
-        let owner = self.owner;
-        let state = self.stream(stream)?;
-        let slice = state.memory.reserve_for(size, state.capture.is_some())?;
-        Ok(Handle::new(slice, owner, stream))
+        let (owner, rules) = (self.owner, self.create_rules());
+        self.stream(stream)?
+            .create_buffer(owner, stream, size, &rules)
     }
 
     fn write(
@@ -1364,7 +1327,7 @@ impl ComputeServer for VulkanServer {
     }
 
     fn stream_ids(&self) -> Vec<StreamId> {
-        self.streams.keys().copied().collect()
+        self.streams.ids()
     }
 
     fn memory_usage(&mut self, stream: StreamId) -> Result<MemoryUsage, ServerError> {
@@ -1375,9 +1338,7 @@ impl ComputeServer for VulkanServer {
 
     fn memory_cleanup(&mut self, stream: StreamId) {
         self.forget_resolved();
-        if let Some(state) = self.streams.get_mut(&stream) {
-            state.memory.cleanup(true);
-        }
+        self.streams.cleanup(stream);
         self.drain_retired();
         self.recorder.recycle();
         if self.recorder.is_empty()
@@ -1391,18 +1352,17 @@ impl ComputeServer for VulkanServer {
     }
 
     fn retire_stream(&mut self, stream: StreamId, _wait: bool) -> bool {
-        let Some(state) = self.streams.get(&stream) else {
+        if self.streams.get(stream).is_none() {
             return true;
-        };
+        }
         // Submissions that use the stream's buffers keep their bindings (in-use slices) until
         // they complete; a released graph's bindings go at the recycle.
         self.recorder.recycle();
-        if state.capture.is_some() || state.memory.memory_usage().number_allocs > 0 {
-            return false;
-        }
         // Dropping the state hands its blocks to the deferred release (freed once the
         // submissions so far have completed), drained here.
-        self.streams.remove(&stream);
+        if !self.streams.try_retire(stream, |_| true) {
+            return false;
+        }
         self.forget_resolved();
         self.drain_retired();
         true
@@ -1422,56 +1382,37 @@ impl ComputeServer for VulkanServer {
         config: &MemoryPoolsConfig,
         stream: StreamId,
     ) -> Result<bool, PoolConfigError> {
-        config.resolve(&self.properties.memory)?;
         self.forget_resolved();
-        self.pool_config = config.clone();
-        let rebuilt = match self.stream(stream) {
-            Ok(state) => state.memory.reconfigure(config),
-            Err(_) => Ok(false),
-        };
+        let rebuilt = self.streams.configure_memory_pools(config, stream);
         self.drain_retired();
         rebuilt
     }
 
     fn graph_prepare(&mut self, stream: StreamId) -> Result<(), ServerError> {
-        self.ensure_not_capturing(stream, "graph_prepare")?;
-        self.stream(stream)?
-            .memory
-            .mode(MemoryAllocationMode::Persistent);
-        Ok(())
+        self.stream(stream)?.prepare_graph(stream)
     }
 
     fn begin_capture(&mut self, stream: StreamId) -> Result<(), ServerError> {
-        self.ensure_not_capturing(stream, "start_capture")?;
-        self.stream(stream)?.capture = Some(Capture {
+        let capture = Capture {
             ops: Ops::default(),
             linear: Linear::default(),
             since_barrier: Vec::new(),
             keep: Vec::new(),
-        });
+        };
+        self.stream(stream)?.begin_capture(stream, capture)?;
         self.captures += 1;
         Ok(())
     }
 
     fn end_capture(&mut self, stream: StreamId) -> Result<GraphId, ServerError> {
-        let state = self.stream(stream)?;
-        let mut capture = state
-            .capture
-            .take()
-            .ok_or_else(|| ServerError::capture_not_started(stream))?;
-        state.memory.mode(MemoryAllocationMode::Auto);
+        let mut capture = self.stream(stream)?.end_capture(stream)?;
         self.captures -= 1;
-        let id = GraphId::fresh();
-        self.graphs.insert(
-            id,
-            VulkanGraph {
-                stream,
-                ops: core::mem::take(&mut capture.ops),
-                _keep: core::mem::take(&mut capture.keep),
-                _chunks: capture.linear.take(),
-            },
-        );
-        Ok(id)
+        let graph = VulkanGraph {
+            ops: core::mem::take(&mut capture.ops),
+            _keep: core::mem::take(&mut capture.keep),
+            _chunks: capture.linear.take(),
+        };
+        Ok(self.graphs.insert(stream, graph))
     }
 
     fn graph_replay(&mut self, graph: GraphId, stream: StreamId) -> Result<(), ServerError> {
@@ -1480,8 +1421,7 @@ impl ComputeServer for VulkanServer {
         if let Some(guard) = &mut self.guard {
             guard.unread = true;
         }
-        let graph =
-            compute_core::graph::graph_for_replay(&mut self.graphs, graph, stream, |g| g.stream)?;
+        let graph = self.graphs.for_replay(graph, stream)?;
         // The graph's first command is a barrier against earlier work.
         self.recorder.append(&graph.ops);
         self.recorder.dispatches += 1;
@@ -1489,7 +1429,7 @@ impl ComputeServer for VulkanServer {
     }
 
     fn graph_release(&mut self, graph: GraphId) {
-        if let Some(g) = self.graphs.remove(&graph) {
+        if let Some(g) = self.graphs.remove(graph) {
             // Its buffers return to their pools as soon as its last replay has run: now when it
             // has, else when the server next recycles after that (a sync, then any call that
             // looks at memory).
@@ -1636,9 +1576,9 @@ impl Drop for VulkanServer {
             compute_core::error::report_unreturned("vulkan: vkDeviceWaitIdle at server drop", &e);
         }
         self.collectives.shutdown();
-        self.graphs.clear();
+        self.graphs.drain().for_each(drop);
         self.profiles.clear();
-        self.streams.clear();
+        self.streams.drain().for_each(drop);
         self.recorder.recycle();
         for block in core::mem::take(&mut *self.retired.lock()) {
             // SAFETY: the device is idle.

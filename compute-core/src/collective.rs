@@ -40,7 +40,7 @@ static CHECKED: AtomicU8 = AtomicU8::new(0);
 pub fn checked() -> bool {
     match CHECKED.load(Ordering::Acquire) {
         0 => {
-            let on = std::env::var(CHECK_VAR).is_ok_and(|v| v.trim() == "1");
+            let on = crate::env::flag(CHECK_VAR, false);
             let _ = CHECKED.compare_exchange(
                 0,
                 if on { 2 } else { 1 },
@@ -208,10 +208,7 @@ pub fn rendezvous_timeout() -> Duration {
     if let Some(w) = world::world() {
         return w.config().timeout;
     }
-    std::env::var(world::TIMEOUT_VAR)
-        .ok()
-        .and_then(|v| v.trim().parse::<u64>().ok())
-        .filter(|&ms| ms > 0)
+    crate::env::positive::<u64>(world::TIMEOUT_VAR)
         .map_or(RENDEZVOUS_TIMEOUT, Duration::from_millis)
 }
 

@@ -150,7 +150,7 @@ pub const SETTINGS: &[Setting] = &[
         "COMPUTE_COLLECTIVE_CHECK",
         "exchange a small header (round, dtype, operation, size) before every NCCL collective, so a mismatch is an error on every rank",
         "off",
-        "0 or 1",
+        "0/1, false/true, off/on",
     ),
     setting(
         "COMPUTE_SKIP_LOG",
@@ -374,6 +374,21 @@ mod tests {
             assert!(s.name.starts_with("COMPUTE_"), "{}", s.name);
             assert!(names.insert(s.name), "{} is listed twice", s.name);
             assert!(!s.meaning.is_empty() && !s.default.is_empty() && !s.accepted.is_empty());
+        }
+    }
+
+    #[test]
+    fn the_readme_lists_every_setting_as_the_table_says() {
+        let readme = include_str!("../../README.md");
+        for s in SETTINGS {
+            let row = format!(
+                "| `{}` | {} | {} | {} |",
+                s.name, s.meaning, s.default, s.accepted
+            );
+            assert!(
+                readme.lines().any(|line| line.trim() == row),
+                "README.md lacks the row {row}"
+            );
         }
     }
 

@@ -4,7 +4,7 @@ use hashbrown::HashMap;
 
 use crate::error::ServerError;
 use crate::handle::{Binding, Handle, HandleOwner};
-use crate::layout::{pack_tensors, MemoryLayout, MemoryLayoutDescriptor};
+use crate::layout::{MemoryLayout, MemoryLayoutDescriptor, pack_tensors};
 use crate::memory::{
     MemoryAllocationMode, MemoryDeviceProperties, MemoryManagement, MemoryPoolsConfig, MemoryUsage,
     PoolConfigError,

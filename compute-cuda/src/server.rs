@@ -4,20 +4,19 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use compute_core::backend::{CreateRules, Graphs, StreamEntry, Streams};
 use compute_core::copy::Stores;
 use compute_core::error::LaunchError;
 use compute_core::future::DynFut;
 use compute_core::graph::GraphId;
 use compute_core::handle::{HandleOwner, StreamPoint};
 use compute_core::kernel::KernelId;
-use compute_core::layout::{contiguous_strides, pack_tensors};
-use compute_core::memory::{
-    MemoryAllocationMode, MemoryManagement, MemoryPoolsConfig, MemoryUsage, PoolConfigError,
-};
+use compute_core::layout::contiguous_strides;
+use compute_core::memory::{MemoryAllocationMode, MemoryPoolsConfig, MemoryUsage, PoolConfigError};
 use compute_core::profile::ProfileToken;
 use compute_core::{
     Binding, Bytes, BytesKind, ComputeServer, CopyDescriptor, CubeCount, DeviceId,
-    DeviceProperties, ElemType, ExecutionMode, Handle, KernelArguments, MemoryLayout,
+    DeviceProperties, ElemType, ExecutionMode, KernelArguments, MemoryLayout,
     MemoryLayoutDescriptor, ProfileDuration, ProfileError, ReduceOperation, ServerError, StreamId,
     TimingMethod,
 };
@@ -31,7 +30,9 @@ use crate::driver::{Check, Context, Raw};
 use crate::kernel::CudaKernel;
 use crate::pinned::{PinnedBuffer, PinnedPool};
 use crate::storage::{CUDA_ALIGNMENT, CudaResource, CudaStorage};
-use crate::stream::{EventPool, GraphExec, KeepAlive, StreamState, WaitEvent, WaitEvents};
+use crate::stream::{
+    EventPool, GraphExec, KeepAlive, StreamQueue, StreamState, WaitEvent, WaitEvents,
+};
 
 /// How pageable writes are done. Up to `direct` bytes (none by default) they go straight from
 /// pageable memory (the driver stages them before the call returns: on the H200 host 12 GB/s at
@@ -514,6 +515,9 @@ pub struct CudaInfo {
     pub driver_version: i32,
 }
 
+/// A captured graph: the executable graph, the stream it was captured on, and the bindings it
+/// recorded. [`Graphs`] keeps the stream too, but its `remove` hands back the graph alone, and a
+/// release orders on that stream.
 struct CudaGraph {
     exec: GraphExec,
     stream: StreamId,
@@ -680,8 +684,7 @@ pub struct CudaServer {
     owner: HandleOwner,
     properties: DeviceProperties,
     target: Target,
-    pool_config: MemoryPoolsConfig,
-    streams: HashMap<StreamId, StreamState>,
+    streams: Streams<CudaStorage, StreamQueue, Vec<Binding>>,
     events: EventPool,
     pinned: Arc<PinnedPool>,
     staging: StagingRing,
@@ -694,7 +697,7 @@ pub struct CudaServer {
     issue_errors: IssueError,
     issue_error: Option<ServerError>,
     kernels: HashMap<(KernelId, bool), Arc<CompiledKernel>>,
-    graphs: HashMap<GraphId, CudaGraph>,
+    graphs: Graphs<CudaGraph>,
     profiles: HashMap<u64, Raw<sys::CUevent>>,
     next_profile: u64,
     /// One communication stream per group: NCCL calls of two groups issued in different orders
@@ -729,17 +732,17 @@ impl CudaServer {
         };
         let pinned = PinnedPool::new(context.clone());
         let events = EventPool::new(WaitEvents::new(context.clone()));
+        let owner = HandleOwner {
+            device: compute_core::Device::to_id(&device),
+            server: NEXT_SERVER.fetch_add(1, core::sync::atomic::Ordering::Relaxed),
+        };
         Ok(Self {
             device,
-            owner: HandleOwner {
-                device: compute_core::Device::to_id(&device),
-                server: NEXT_SERVER.fetch_add(1, core::sync::atomic::Ordering::Relaxed),
-            },
+            owner,
             context,
+            streams: Streams::new(owner, properties.memory.clone()),
             properties,
             target,
-            pool_config: MemoryPoolsConfig::default(),
-            streams: HashMap::new(),
             events,
             pinned,
             staging: StagingRing::default(),
@@ -748,7 +751,7 @@ impl CudaServer {
             issue_errors: IssueError::default(),
             issue_error: None,
             kernels: HashMap::new(),
-            graphs: HashMap::new(),
+            graphs: Graphs::default(),
             profiles: HashMap::new(),
             next_profile: 1,
             comm_streams: BTreeMap::new(),
@@ -761,47 +764,38 @@ impl CudaServer {
         &self.pinned
     }
 
+    /// The CUDA layout of a `create`: 256-byte starts, 128-byte row pitch, one page at most.
+    fn create_rules(&self) -> CreateRules {
+        CreateRules {
+            alignment: CUDA_ALIGNMENT,
+            pitch_alignment: self.properties.pitch_alignment,
+            max_size: self.properties.memory.max_page_size,
+        }
+    }
+
+    /// The stream `id` (created on first use), with the device's context bound. What its
+    /// completed work kept alive is retired on the way, unless a capture runs on it (a capturing
+    /// stream's events are never queried).
     fn stream(&mut self, id: StreamId) -> Result<&mut StreamState, ServerError> {
         self.context.bind()?;
-        if !self.streams.contains_key(&id) {
-            let memory = MemoryManagement::new(
-                CudaStorage::new(),
-                &self.pool_config,
-                self.properties.memory.clone(),
-            )
-            .map_err(ServerError::from)?;
-            self.streams.insert(id, StreamState::new(memory)?);
-        }
         let state = self
             .streams
-            .get_mut(&id)
-            .unwrap_or_else(|| unreachable!("inserted just above"));
+            .get_or_create(id, || Ok((CudaStorage::new(), StreamQueue::new()?)))?;
         if state.capture.is_none() {
-            state.retire(&mut self.events);
+            state.queue.retire(&mut self.events);
         }
         Ok(state)
     }
 
     fn resolve(&mut self, binding: &Binding) -> Result<CudaResource, ServerError> {
-        binding.check_owner(self.owner)?;
-        let handle = binding.handle();
-        let missing = || ServerError::NoMemory;
-        let state = self.streams.get_mut(&handle.stream()).ok_or_else(missing)?;
-        state
-            .memory
-            .get_resource(
-                handle.memory().id(),
-                handle.slice_offset_start(),
-                handle.slice_offset_end(),
-            )
-            .ok_or_else(missing)
+        self.streams.resolve(binding)
     }
 
+    /// The capture rule for `what` on `stream`; binds the context and creates the stream first,
+    /// as every caller goes on to the driver.
     fn ensure_not_capturing(&mut self, stream: StreamId, what: &str) -> Result<(), ServerError> {
-        if self.stream(stream)?.capture.is_some() {
-            return Err(ServerError::capture_running(what, stream));
-        }
-        Ok(())
+        self.stream(stream)?;
+        self.streams.ensure_not_capturing(stream, what)
     }
 
     /// An event on `other` that covers its command `seq`, recording one only when none does.
@@ -810,12 +804,13 @@ impl CudaServer {
         other: StreamId,
         seq: u64,
     ) -> Result<Option<Raw<sys::CUevent>>, ServerError> {
-        let Some(state) = self.streams.get_mut(&other) else {
+        let Some(state) = self.streams.get_mut(other) else {
             return Ok(None);
         };
         if state.capture.is_some() {
             return Ok(None);
         }
+        let state = &mut state.queue;
         if let Some((covered, event)) = state.marker
             && covered >= seq
         {
@@ -847,7 +842,7 @@ impl CudaServer {
                 // SAFETY: both the stream and the event are alive.
                 unsafe {
                     result::stream::wait_event(
-                        state.raw.0,
+                        state.queue.raw.0,
                         event.0,
                         sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
                     )
@@ -868,12 +863,12 @@ impl CudaServer {
     ) -> Result<(), ServerError> {
         let state = self
             .streams
-            .get_mut(&stream)
+            .get_mut(stream)
             .unwrap_or_else(|| unreachable!("the stream submitted the command"));
-        state.seq += 1;
+        state.queue.seq += 1;
         let point = StreamPoint {
             stream,
-            seq: state.seq,
+            seq: state.queue.seq,
         };
         let mut others = Vec::new();
         for binding in bindings {
@@ -889,7 +884,10 @@ impl CudaServer {
                 None => {}
             }
         }
-        state.hold(&mut self.events, extra.into_iter().chain(others))
+        let capturing = state.capture.is_some();
+        state
+            .queue
+            .hold(&mut self.events, extra.into_iter().chain(others), capturing)
     }
 
     fn compiled(
@@ -927,7 +925,7 @@ impl CudaServer {
 
     /// Record a wait event on `stream` (for a future to wait on).
     fn record_fresh(&mut self, stream: StreamId) -> Result<WaitEvent, ServerError> {
-        let raw = self.stream(stream)?.raw;
+        let raw = self.stream(stream)?.queue.raw;
         let event = self.events.shared().take()?;
         // SAFETY: event and stream are alive.
         unsafe { result::event::record(event.raw(), raw.0) }.check("cuEventRecord")?;
@@ -1078,7 +1076,7 @@ impl CudaServer {
         }
         let target = self.resolve(&descriptor.binding)?;
         let binding = descriptor.binding.clone();
-        let raw = self.stream(stream)?.raw;
+        let raw = self.stream(stream)?.queue.raw;
         self.settle()?;
         self.order_after(stream, &[&binding])?;
         let keep = if contiguous {
@@ -1124,7 +1122,7 @@ impl CudaServer {
         }
         let target = self.resolve(&descriptor.binding)?;
         let binding = descriptor.binding.clone();
-        let raw = self.stream(stream)?.raw;
+        let raw = self.stream(stream)?.queue.raw;
         // A large staged write may go on while the driver calls of the pieces staged before it
         // on the same stream are still being made (they and its own are made in order): what it
         // enqueues before its own DMA is only stream waits, which those calls may follow too.
@@ -1167,7 +1165,7 @@ impl CudaServer {
         let bindings: Vec<Binding> = descriptors.iter().map(|d| d.binding.clone()).collect();
         let refs: Vec<&Binding> = bindings.iter().collect();
         self.order_after(stream, &refs)?;
-        let raw = self.stream(stream)?.raw;
+        let raw = self.stream(stream)?.queue.raw;
         let mut outputs = Vec::with_capacity(descriptors.len());
         for (descriptor, source) in descriptors.iter().zip(&sources) {
             let len = descriptor.compact_size();
@@ -1210,7 +1208,7 @@ impl CudaServer {
     ) -> Result<(), ServerError> {
         let refs: Vec<&Binding> = holds.iter().collect();
         self.order_after(stream, &refs)?;
-        let raw = self.stream(stream)?.raw;
+        let raw = self.stream(stream)?.queue.raw;
         // SAFETY: the executable graph and the stream are alive; the graph's memory is kept
         // alive by `holds`.
         unsafe { result::graph::launch(exec.0, raw.0) }.check("cuGraphLaunch")?;
@@ -1232,7 +1230,7 @@ impl CudaServer {
             .into());
         }
         self.order_after(stream, &[binding])?;
-        let raw = self.stream(stream)?.raw;
+        let raw = self.stream(stream)?.queue.raw;
         let mut count = [0u32; 3];
         // SAFETY: 12 bytes into a local array; synchronous with respect to the stream's work.
         unsafe { result::memcpy_dtoh_async(&mut count[..], source.ptr, raw.0) }
@@ -1303,13 +1301,9 @@ impl ComputeServer for CudaServer {
     ) -> Result<Vec<MemoryLayout>, ServerError> {
         // The pools may hand back blocks to the driver: the DMAs into them must be enqueued.
         self.settle()?;
-        let packed = pack_tensors(descriptors, CUDA_ALIGNMENT, self.properties.pitch_alignment)?;
-        let total = packed.total();
-        let owner = self.owner;
-        let state = self.stream(stream)?;
-        let slice = state.memory.reserve_for(total, state.capture.is_some())?;
-        let base = Handle::new(slice, owner, stream);
-        Ok(packed.layouts(&base, descriptors))
+        let (owner, rules) = (self.owner, self.create_rules());
+        self.stream(stream)?
+            .create(owner, stream, descriptors, &rules)
     }
 
     fn write(
@@ -1359,13 +1353,13 @@ impl ComputeServer for CudaServer {
         let resource = self.resolve(&binding)?;
         self.ensure_not_capturing(stream, "get_resource")?;
         if let Some(point) = binding.handle().access().last()
-            && let Some(other) = self.streams.get_mut(&point.stream)
+            && let Some(other) = self.streams.get_mut(point.stream)
         {
-            other.wait_idle(&mut self.events)?;
+            other.queue.wait_idle(&mut self.events)?;
         }
         self.stream(stream)?;
-        if let Some(state) = self.streams.get_mut(&stream) {
-            state.wait_idle(&mut self.events)?;
+        if let Some(state) = self.streams.get_mut(stream) {
+            state.queue.wait_idle(&mut self.events)?;
         }
         Ok(resource)
     }
@@ -1439,7 +1433,7 @@ impl ComputeServer for CudaServer {
             bindings.push(b);
         }
         self.order_after(stream, &bindings)?;
-        let raw = self.stream(stream)?.raw;
+        let raw = self.stream(stream)?.queue.raw;
         let [bx, by, bz] = compiled.cube_dim;
         // SAFETY: the parameters match the generated signature (`ParamLayout`), every pointer is
         // a live device range kept alive by stream order or `mark`; for unchecked launches the
@@ -1472,7 +1466,7 @@ impl ComputeServer for CudaServer {
             return Ok(());
         }
         // SAFETY: the stream is alive; only reports its status.
-        match unsafe { sys::cuStreamQuery(state.raw.0) } {
+        match unsafe { sys::cuStreamQuery(state.queue.raw.0) } {
             sys::CUresult::CUDA_SUCCESS | sys::CUresult::CUDA_ERROR_NOT_READY => Ok(()),
             other => Err(crate::driver::driver_error(
                 "stream",
@@ -1494,9 +1488,9 @@ impl ComputeServer for CudaServer {
         if let Err(e) = self.context.bind() {
             return ready(Err(e));
         }
-        if let Some(state) = self.streams.get_mut(&stream)
+        if let Some(state) = self.streams.get_mut(stream)
             && state.capture.is_none()
-            && let Err(e) = state.seal(&mut self.events)
+            && let Err(e) = state.queue.seal(&mut self.events)
         {
             return ready(Err(e));
         }
@@ -1507,19 +1501,18 @@ impl ComputeServer for CudaServer {
     }
 
     fn stream_ids(&self) -> Vec<StreamId> {
-        self.streams.keys().copied().collect()
+        self.streams.ids()
     }
 
     fn memory_usage(&mut self, stream: StreamId) -> Result<MemoryUsage, ServerError> {
         self.context.bind()?;
-        let events = &mut self.events;
-        let state = self.streams.get_mut(&stream);
-        if let Some(state) = state {
+        if let Some(state) = self.streams.get_mut(stream) {
             // What completed work kept alive (a dropped graph's buffers, say) is free by now:
             // report it so, without waiting for a later call to retire it.
-            state.retire_completed(events);
+            state.queue.retire_completed(&mut self.events);
         }
-        Ok(self.stream(stream)?.memory.memory_usage())
+        self.stream(stream)?;
+        Ok(self.streams.memory_usage(stream))
     }
 
     fn memory_cleanup(&mut self, stream: StreamId) {
@@ -1530,24 +1523,23 @@ impl ComputeServer for CudaServer {
         // Freeing device or pinned memory synchronises the device implicitly, which invalidates
         // a capture running on any stream of it: while one runs, the cleanup waits for a later
         // call (what it would free stays pooled and reusable meanwhile).
-        if self.streams.values().any(|s| s.capture.is_some()) {
+        if self.streams.any_capturing() {
             return;
         }
         self.staging.release(&mut self.events);
         self.small_staging.release(&mut self.events);
-        let events = &mut self.events;
-        if let Some(state) = self.streams.get_mut(&stream)
+        if let Some(state) = self.streams.get_mut(stream)
             && state.capture.is_none()
         {
-            if let Err(e) = state.wait_idle(events) {
+            if let Err(e) = state.queue.wait_idle(&mut self.events) {
                 crate::driver::record_release_error(e);
             }
-            state.memory.cleanup(true);
+            self.streams.cleanup(stream);
         }
     }
 
     fn retire_stream(&mut self, stream: StreamId, wait: bool) -> bool {
-        let Some(raw) = self.streams.get(&stream).map(|s| s.raw) else {
+        let Some(raw) = self.streams.get(stream).map(|s| s.queue.raw) else {
             return true;
         };
         if self.context.bind().is_err() {
@@ -1555,11 +1547,7 @@ impl ComputeServer for CudaServer {
         }
         // A capturing stream is not retired, and not even queried: a status query of a
         // capturing stream invalidates its capture.
-        if self
-            .streams
-            .get(&stream)
-            .is_some_and(|s| s.capture.is_some())
-        {
+        if self.streams.is_capturing(stream) {
             return false;
         }
         if wait {
@@ -1576,28 +1564,19 @@ impl ComputeServer for CudaServer {
                 return false;
             }
         }
-        let events = &mut self.events;
-        let Some(state) = self.streams.get_mut(&stream) else {
-            return true;
-        };
-        if state.capture.is_some() {
-            return false;
-        }
-        // A staging slot whose copies ran on the stream gets its closing event now (the stream
-        // is destroyed below); then its work completes and releases what it kept alive.
-        if self.staging.close_on(state.raw, events).is_err()
-            || self.small_staging.close_on(state.raw, events).is_err()
-            || state.wait_idle(events).is_err()
-        {
-            return false;
-        }
-        if state.memory.memory_usage().number_allocs > 0 {
-            return false;
-        }
-        // Dropping the state synchronizes and destroys the CUDA stream and its events and frees
-        // its pools' device memory.
-        self.streams.remove(&stream);
-        true
+        let (staging, small_staging, events) =
+            (&mut self.staging, &mut self.small_staging, &mut self.events);
+        // Retired when not capturing (checked again), idle and holding no live handle. Dropping
+        // the state frees its pools' device memory (the stream is idle by then) and synchronizes
+        // and destroys the CUDA stream and its events.
+        self.streams.try_retire(stream, |state| {
+            // A staging slot whose copies ran on the stream gets its closing event now (the
+            // stream is destroyed below); then its work completes and releases what it kept
+            // alive.
+            staging.close_on(state.queue.raw, events).is_ok()
+                && small_staging.close_on(state.queue.raw, events).is_ok()
+                && state.queue.wait_idle(events).is_ok()
+        })
     }
 
     fn allocation_mode(
@@ -1616,11 +1595,11 @@ impl ComputeServer for CudaServer {
     ) -> Result<bool, PoolConfigError> {
         config.resolve(&self.properties.memory)?;
         self.settle_quietly();
-        self.pool_config = config.clone();
-        match self.stream(stream) {
-            Ok(state) => state.memory.reconfigure(config),
-            Err(_) => Ok(false),
-        }
+        // Binds the context (the rebuild frees blocks) and creates the stream if needed; the
+        // layout is kept for later streams even when that fails.
+        let created = self.stream(stream).is_ok();
+        let applied = self.streams.configure_memory_pools(config, stream)?;
+        Ok(created && applied)
     }
 
     fn staging(&mut self, bytes: &mut [&mut Bytes], file_only: bool) -> Result<(), ServerError> {
@@ -1654,11 +1633,7 @@ impl ComputeServer for CudaServer {
 
     fn graph_prepare(&mut self, stream: StreamId) -> Result<(), ServerError> {
         self.settle()?;
-        self.ensure_not_capturing(stream, "graph_prepare")?;
-        self.stream(stream)?
-            .memory
-            .mode(MemoryAllocationMode::Persistent);
-        Ok(())
+        self.stream(stream)?.prepare_graph(stream)
     }
 
     fn begin_capture(&mut self, stream: StreamId) -> Result<(), ServerError> {
@@ -1668,23 +1643,23 @@ impl ComputeServer for CudaServer {
         let events = &mut self.events;
         let state = self
             .streams
-            .get_mut(&stream)
+            .get_mut(stream)
             .unwrap_or_else(|| unreachable!("created by `stream` just above"));
         // What earlier commands keep alive gets its event before the capture starts, and so do
         // the staging slots this stream's last writes copied from.
-        state.seal(events)?;
-        self.staging.close_on(state.raw, events)?;
-        self.small_staging.close_on(state.raw, events)?;
+        state.queue.seal(events)?;
+        self.staging.close_on(state.queue.raw, events)?;
+        self.small_staging.close_on(state.queue.raw, events)?;
         // SAFETY: the stream is alive and not capturing.
         unsafe {
             result::stream::begin_capture(
-                state.raw.0,
+                state.queue.raw.0,
                 sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED,
             )
         }
         .check("cuStreamBeginCapture")?;
-        state.capture = Some(Vec::new());
-        Ok(())
+        // Not capturing (checked above): this only records that one runs now.
+        state.begin_capture(stream, Vec::new())
     }
 
     fn end_capture(&mut self, stream: StreamId) -> Result<GraphId, ServerError> {
@@ -1692,13 +1667,9 @@ impl ComputeServer for CudaServer {
         // would leave the capture running).
         self.settle_quietly();
         let state = self.stream(stream)?;
-        let holds = state
-            .capture
-            .take()
-            .ok_or_else(|| ServerError::capture_not_started(stream))?;
-        state.memory.mode(MemoryAllocationMode::Auto);
+        let holds = state.end_capture(stream)?;
         // SAFETY: the stream is capturing (begun in `begin_capture`).
-        let graph = unsafe { result::stream::end_capture(state.raw.0) }.map_err(|e| {
+        let graph = unsafe { result::stream::end_capture(state.queue.raw.0) }.map_err(|e| {
             ServerError::from(compute_core::CaptureError::Driver {
                 call: "cuStreamEndCapture".into(),
                 message: crate::driver::describe(e),
@@ -1714,16 +1685,14 @@ impl ComputeServer for CudaServer {
                 message: crate::driver::describe(e),
             })
         })?;
-        let id = GraphId::fresh();
-        self.graphs.insert(
-            id,
+        Ok(self.graphs.insert(
+            stream,
             CudaGraph {
                 exec: GraphExec(Raw(exec)),
                 stream,
                 holds,
             },
-        );
-        Ok(id)
+        ))
     }
 
     fn graph_replay(&mut self, graph: GraphId, stream: StreamId) -> Result<(), ServerError> {
@@ -1731,11 +1700,10 @@ impl ComputeServer for CudaServer {
         self.ensure_not_capturing(stream, "graph replay")?;
         // The holds are taken out for the replay (not cloned: one per recorded binding) and put
         // back below.
-        let g =
-            compute_core::graph::graph_for_replay(&mut self.graphs, graph, stream, |g| g.stream)?;
+        let g = self.graphs.for_replay(graph, stream)?;
         let (exec, holds) = (g.exec.0, core::mem::take(&mut g.holds));
         let result = self.replay_holding(exec, stream, &holds);
-        if let Some(g) = self.graphs.get_mut(&graph) {
+        if let Ok(g) = self.graphs.for_replay(graph, stream) {
             g.holds = holds;
         }
         result
@@ -1743,20 +1711,20 @@ impl ComputeServer for CudaServer {
 
     fn graph_release(&mut self, graph: GraphId) {
         self.settle_quietly();
-        let Some(g) = self.graphs.remove(&graph) else {
+        let Some(g) = self.graphs.remove(graph) else {
             return;
         };
         let events = &mut self.events;
         if self.context.bind().is_err() {
             return;
         }
-        match self.streams.get_mut(&g.stream) {
+        match self.streams.get_mut(g.stream) {
             Some(state) if state.capture.is_none() => {
                 let mut keep = vec![KeepAlive::Graph(g.exec)];
                 keep.extend(g.holds.into_iter().map(KeepAlive::Binding));
-                if let Err(e) = state.hold(events, keep) {
+                if let Err(e) = state.queue.hold(events, keep, false) {
                     crate::driver::record_release_error(e);
-                    if let Err(e) = state.wait_idle(events) {
+                    if let Err(e) = state.queue.wait_idle(events) {
                         crate::driver::record_release_error(e);
                     }
                 }
@@ -1765,7 +1733,7 @@ impl ComputeServer for CudaServer {
                 // Capturing again: the graph cannot be ordered now, so wait for it.
                 // SAFETY: the stream is alive.
                 crate::driver::released("cuStreamSynchronize", unsafe {
-                    result::stream::synchronize(state.raw.0)
+                    result::stream::synchronize(state.queue.raw.0)
                 });
             }
             None => {}
@@ -1775,7 +1743,7 @@ impl ComputeServer for CudaServer {
     fn profile_start(&mut self, stream: StreamId) -> Result<ProfileToken, ProfileError> {
         self.settle()?;
         self.ensure_not_capturing(stream, "profile")?;
-        let raw = self.stream(stream)?.raw;
+        let raw = self.stream(stream)?.queue.raw;
         let event =
             Raw(result::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT)
                 .check("cuEventCreate")?);
@@ -1800,7 +1768,7 @@ impl ComputeServer for CudaServer {
         };
         let end = (|| {
             self.settle()?;
-            let raw = self.stream(stream)?.raw;
+            let raw = self.stream(stream)?.queue.raw;
             let end = Raw(result::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT)
                 .check("cuEventCreate")?);
             // SAFETY: event and stream are alive.
@@ -1875,9 +1843,9 @@ impl ComputeServer for CudaServer {
             .comm_streams
             .entry(group.clone())
             .or_insert_with(StreamId::fresh);
-        let user_seq = self.streams.get(&stream).map_or(0, |s| s.seq);
+        let user_seq = self.streams.get(stream).map_or(0, |s| s.queue.seq);
         if let Some(event) = self.marker(stream, user_seq)? {
-            let raw = self.stream(comm_stream)?.raw;
+            let raw = self.stream(comm_stream)?.queue.raw;
             // SAFETY: both alive.
             unsafe {
                 result::stream::wait_event(
@@ -1889,7 +1857,7 @@ impl ComputeServer for CudaServer {
             .check("cuStreamWaitEvent")?;
         }
         self.order_after(comm_stream, &[&src, &dst])?;
-        let raw = self.stream(comm_stream)?.raw;
+        let raw = self.stream(comm_stream)?.queue.raw;
         let count = (src.size() / dtype.size() as u64) as usize;
         if count > 0 {
             let me = self.owner.device;
@@ -1918,19 +1886,29 @@ impl Drop for CudaServer {
         if self.context.bind().is_err() {
             return;
         }
-        for state in self.streams.values_mut() {
-            if let Err(e) = state.wait_idle(&mut self.events) {
+        for (_, state) in self.streams.iter_mut() {
+            if let Err(e) = state.queue.wait_idle(&mut self.events) {
                 crate::driver::record_release_error(e);
             }
         }
         self.staging.release(&mut self.events);
         self.small_staging.release(&mut self.events);
-        self.graphs.clear();
+        self.graphs.drain().for_each(drop);
         for (_, event) in self.profiles.drain() {
             // SAFETY: owned by the server; the streams are idle.
             crate::driver::released("cuEventDestroy", unsafe { result::event::destroy(event.0) });
         }
-        self.streams.clear();
+        for (_, state) in self.streams.drain() {
+            // The CUDA stream is synchronized and destroyed first, then its pools are freed.
+            let StreamEntry {
+                memory,
+                capture,
+                queue,
+            } = state;
+            drop(queue);
+            drop(memory);
+            drop(capture);
+        }
         self.kernels.clear();
     }
 }

@@ -1,9 +1,10 @@
-//! Per-stream state: the CUDA stream, its memory, its order counter, and what in-flight work keeps
-//! alive until an event says the device is done with it.
+//! Per-stream state: compute-core's [`StreamEntry`] (the stream's memory and the capture running
+//! on it) around a [`StreamQueue`]: the CUDA stream, its order counter, and what in-flight work
+//! keeps alive until an event says the device is done with it.
 
 use std::collections::VecDeque;
 
-use compute_core::memory::MemoryManagement;
+use compute_core::backend::StreamEntry;
 use compute_core::{Binding, Bytes, ServerError};
 use cudarc::driver::{result, sys};
 
@@ -145,18 +146,19 @@ impl Drop for WaitEvents {
     }
 }
 
-/// One stream of the server.
-pub(crate) struct StreamState {
+/// One stream of the server: its pools, its capture (while one runs: what the graph being
+/// recorded uses) and its [`StreamQueue`].
+pub(crate) type StreamState = StreamEntry<CudaStorage, StreamQueue, Vec<Binding>>;
+
+/// The CUDA side of one stream of the server.
+pub(crate) struct StreamQueue {
     pub(crate) raw: Raw<sys::CUstream>,
-    pub(crate) memory: MemoryManagement<CudaStorage>,
     /// Commands submitted so far (the `seq` of access logs).
     pub(crate) seq: u64,
     /// The latest event recorded for other streams to wait on, and the `seq` it covers.
     pub(crate) marker: Option<(u64, Raw<sys::CUevent>)>,
     /// Work in flight and what it keeps alive, oldest first.
     pub(crate) pending: VecDeque<(Raw<sys::CUevent>, Vec<KeepAlive>)>,
-    /// While capturing: what the graph being recorded uses.
-    pub(crate) capture: Option<Vec<Binding>>,
     /// Kept-alive items of recent commands not yet covered by an event: one event is recorded per
     /// [`HOLD_BATCH`] items or [`HOLD_BATCH_BYTES`] bytes (or at the next idle wait), so a loop
     /// of small pinned writes does not pay an event record each.
@@ -166,11 +168,11 @@ pub(crate) struct StreamState {
     since_retire: u32,
 }
 
-/// [`StreamState::retire`] queries the oldest event once per this many calls: a `cuEventQuery`
+/// [`StreamQueue::retire`] queries the oldest event once per this many calls: a `cuEventQuery`
 /// costs a sizeable part of a small copy's or a launch's host time, and most calls would find
 /// nothing new.
 const RETIRE_EVERY: u32 = 16;
-/// [`StreamState::retire`] queries on every call once this many events are pending.
+/// [`StreamQueue::retire`] queries on every call once this many events are pending.
 const RETIRE_BACKLOG: usize = 4;
 
 /// Items kept alive per recorded event, at most.
@@ -190,17 +192,15 @@ impl KeepAlive {
     }
 }
 
-impl StreamState {
-    pub(crate) fn new(memory: MemoryManagement<CudaStorage>) -> Result<Self, ServerError> {
+impl StreamQueue {
+    pub(crate) fn new() -> Result<Self, ServerError> {
         let raw = result::stream::create(result::stream::StreamKind::NonBlocking)
             .check("cuStreamCreate")?;
         Ok(Self {
             raw: Raw(raw),
-            memory,
             seq: 0,
             marker: None,
             pending: VecDeque::new(),
-            capture: None,
             open: Vec::new(),
             open_bytes: 0,
             since_retire: 0,
@@ -238,11 +238,13 @@ impl StreamState {
         }
     }
 
-    /// Record an event after the work submitted so far, keeping `keep` alive until it completes.
+    /// Record an event after the work submitted so far, keeping `keep` alive until it completes
+    /// (`capturing`: a capture runs on the stream).
     pub(crate) fn hold(
         &mut self,
         events: &mut EventPool,
         keep: impl IntoIterator<Item = KeepAlive>,
+        capturing: bool,
     ) -> Result<(), ServerError> {
         let before = self.open.len();
         for item in keep {
@@ -253,9 +255,7 @@ impl StreamState {
             return Ok(());
         }
         // An event recorded while capturing would become a graph node: seal after the capture.
-        if self.capture.is_none()
-            && (self.open.len() >= HOLD_BATCH || self.open_bytes >= HOLD_BATCH_BYTES)
-        {
+        if !capturing && (self.open.len() >= HOLD_BATCH || self.open_bytes >= HOLD_BATCH_BYTES) {
             self.seal(events)?;
         }
         Ok(())
@@ -296,7 +296,7 @@ impl StreamState {
     }
 }
 
-impl Drop for StreamState {
+impl Drop for StreamQueue {
     fn drop(&mut self) {
         // SAFETY: the stream is alive; nothing is enqueued on it after this.
         crate::driver::released("cuStreamSynchronize", unsafe {

@@ -9,15 +9,16 @@
 use std::collections::VecDeque;
 use std::sync::Arc;
 
+use compute_core::backend::{CreateRules, Graphs, StreamEntry, Streams};
 use compute_core::error::LaunchError;
 use compute_core::future::{DynFut, oneshot};
 use compute_core::graph::GraphId;
 use compute_core::handle::{BufferArgument, HandleOwner};
 use compute_core::kernel::KernelId;
-use compute_core::layout::{contiguous_strides, for_each_row, pack_tensors};
+use compute_core::layout::{contiguous_strides, for_each_row};
 use compute_core::memory::{
-    MemoryAllocationMode, MemoryDeviceProperties, MemoryManagement, MemoryPoolsConfig, MemoryUsage,
-    PoolConfigError, SliceId,
+    MemoryAllocationMode, MemoryDeviceProperties, MemoryPoolsConfig, MemoryUsage, PoolConfigError,
+    SliceId,
 };
 use compute_core::profile::{ProfileTable, ProfileToken, device_profile, host_profile};
 use compute_core::{
@@ -146,15 +147,12 @@ pub struct WgpuInfo {
     pub features: wgpu::Features,
 }
 
-struct StreamState {
-    memory: MemoryManagement<WgpuStorage>,
-    capture: Option<Vec<Arc<Dispatch>>>,
-}
+/// A stream: its pools and its capture (the launches recorded so far). Every stream records
+/// into the server's one batch and queue: nothing of its own besides.
+type StreamState = StreamEntry<WgpuStorage, (), Vec<Arc<Dispatch>>>;
 
-struct WgpuGraph {
-    stream: StreamId,
-    launches: Vec<Arc<Dispatch>>,
-}
+/// A captured graph: the launches it replays.
+type WgpuGraph = Vec<Arc<Dispatch>>;
 
 /// A part of a read: nothing to copy, or a staging buffer the bytes land in.
 enum ReadPart {
@@ -173,13 +171,12 @@ pub struct WgpuServer {
     info: WgpuInfo,
     owner: HandleOwner,
     properties: DeviceProperties,
-    pool_config: MemoryPoolsConfig,
     device: wgpu::Device,
     queue: wgpu::Queue,
     caps: ShaderCapabilities,
     timestamps: bool,
     alignment: u64,
-    streams: HashMap<StreamId, StreamState>,
+    streams: Streams<WgpuStorage, (), Vec<Arc<Dispatch>>>,
     pipelines: HashMap<(KernelId, bool), Arc<Pipeline>>,
     batch: Batch,
     batch_limit: BatchLimit,
@@ -188,7 +185,7 @@ pub struct WgpuServer {
     last_pipeline: Option<(KernelId, bool, Arc<Pipeline>)>,
     freed: FreedBuffers,
     next_pipeline: u64,
-    graphs: HashMap<GraphId, WgpuGraph>,
+    graphs: Graphs<WgpuGraph>,
     profiles: ProfileTable<wgpu::QuerySet>,
     errors: ErrorQueue,
     /// Where the indirect guard records a dynamic cube count over the device's limits (see
@@ -348,14 +345,13 @@ impl WgpuServer {
                 features,
             },
             owner,
+            streams: Streams::new(owner, properties.memory.clone()),
             properties,
-            pool_config: MemoryPoolsConfig::default(),
             device,
             queue,
             caps,
             timestamps,
             alignment,
-            streams: HashMap::new(),
             pipelines: HashMap::new(),
             batch: Batch::default(),
             batch_limit,
@@ -363,7 +359,7 @@ impl WgpuServer {
             last_pipeline: None,
             freed,
             next_pipeline: 1,
-            graphs: HashMap::new(),
+            graphs: Graphs::default(),
             profiles: ProfileTable::default(),
             errors,
             guard_status,
@@ -413,33 +409,28 @@ impl WgpuServer {
         &self.queue
     }
 
-    fn stream(&mut self, id: StreamId) -> Result<&mut StreamState, ServerError> {
-        if !self.streams.contains_key(&id) {
-            let storage = WgpuStorage::new(
-                self.device.clone(),
-                self.alignment,
-                self.info.limits.max_buffer_size,
-            )
-            .with_freed(self.freed.clone());
-            let memory =
-                MemoryManagement::new(storage, &self.pool_config, self.properties.memory.clone())
-                    .map_err(ServerError::from)?;
-            self.streams.insert(
-                id,
-                StreamState {
-                    memory,
-                    capture: None,
-                },
-            );
+    /// The wgpu layout of a `create`: starts at the slice alignment, rows packed, one buffer of
+    /// at most `max_page_size` (the least of `max_buffer_size` and
+    /// `max_storage_buffer_binding_size`, rounded down to the alignment).
+    fn create_rules(&self) -> CreateRules {
+        CreateRules {
+            alignment: self.alignment,
+            pitch_alignment: None,
+            max_size: self.properties.memory.max_page_size,
         }
-        Ok(self
-            .streams
-            .get_mut(&id)
-            .unwrap_or_else(|| unreachable!("inserted just above")))
+    }
+
+    fn stream(&mut self, id: StreamId) -> Result<&mut StreamState, ServerError> {
+        let (device, alignment) = (&self.device, self.alignment);
+        let (max_buffer_size, freed) = (self.info.limits.max_buffer_size, &self.freed);
+        self.streams.get_or_create(id, || {
+            let storage = WgpuStorage::new(device.clone(), alignment, max_buffer_size)
+                .with_freed(freed.clone());
+            Ok((storage, ()))
+        })
     }
 
     fn resolve(&mut self, binding: &Binding) -> Result<WgpuResource, ServerError> {
-        binding.check_owner(self.owner)?;
         let handle = binding.handle();
         let key = ResolveKey {
             stream: handle.stream(),
@@ -448,29 +439,20 @@ impl WgpuServer {
             end: handle.slice_offset_end(),
         };
         if let Some(resource) = self.resolved.get(&key) {
+            // A cached key is a binding of this server, but this one may not be: the owner
+            // check runs before every hit too.
+            binding.check_owner(self.owner)?;
             self.collectives.wait_for(key.slice);
             return Ok(resource);
         }
-        let missing = || ServerError::NoMemory;
-        let state = self.streams.get_mut(&handle.stream()).ok_or_else(missing)?;
-        let resource = state
-            .memory
-            .get_resource(
-                handle.memory().id(),
-                handle.slice_offset_start(),
-                handle.slice_offset_end(),
-            )
-            .ok_or_else(missing)?;
+        let resource = self.streams.resolve(binding)?;
         self.resolved.insert(key, resource.clone());
         self.collectives.wait_for(key.slice);
         Ok(resource)
     }
 
-    fn ensure_not_capturing(&mut self, stream: StreamId, what: &str) -> Result<(), ServerError> {
-        if self.stream(stream)?.capture.is_some() {
-            return Err(ServerError::capture_running(what, stream));
-        }
-        Ok(())
+    fn ensure_not_capturing(&self, stream: StreamId, what: &str) -> Result<(), ServerError> {
+        self.streams.ensure_not_capturing(stream, what)
     }
 
     fn take_error(&self) -> Result<(), ServerError> {
@@ -947,22 +929,15 @@ impl ComputeServer for WgpuServer {
         descriptors: &[MemoryLayoutDescriptor],
         stream: StreamId,
     ) -> Result<Vec<MemoryLayout>, ServerError> {
-        let packed = pack_tensors(descriptors, self.alignment, None)?;
-        let total = packed.total();
-        // One buffer of at most max_page_size (the least of max_buffer_size and
-        // max_storage_buffer_binding_size, rounded down to the alignment).
-        let maximum = self.properties.memory.max_page_size;
-        if total > maximum {
-            return Err(ServerError::BufferTooLarge {
-                requested: total,
-                maximum,
-            });
-        }
-        let owner = self.owner;
-        let state = self.stream(stream)?;
-        let slice = state.memory.reserve_for(total, state.capture.is_some())?;
-        let base = Handle::new(slice, owner, stream);
-        Ok(packed.layouts(&base, descriptors))
+        let (owner, rules) = (self.owner, self.create_rules());
+        self.stream(stream)?
+            .create(owner, stream, descriptors, &rules)
+    }
+
+    fn create_buffer(&mut self, size: u64, stream: StreamId) -> Result<Handle, ServerError> {
+        let (owner, rules) = (self.owner, self.create_rules());
+        self.stream(stream)?
+            .create_buffer(owner, stream, size, &rules)
     }
 
     fn write(
@@ -1264,7 +1239,7 @@ impl ComputeServer for WgpuServer {
     }
 
     fn stream_ids(&self) -> Vec<StreamId> {
-        self.streams.keys().copied().collect()
+        self.streams.ids()
     }
 
     fn memory_usage(&mut self, stream: StreamId) -> Result<MemoryUsage, ServerError> {
@@ -1272,26 +1247,18 @@ impl ComputeServer for WgpuServer {
     }
 
     fn memory_cleanup(&mut self, stream: StreamId) {
-        if let Some(state) = self.streams.get_mut(&stream) {
-            state.memory.cleanup(true);
-        }
+        self.streams.cleanup(stream);
         // A stopped submit thread has nothing cached left to prune.
         let _ = self.submitter.prune();
     }
 
     fn retire_stream(&mut self, stream: StreamId, _wait: bool) -> bool {
-        let Some(state) = self.streams.get(&stream) else {
-            return true;
-        };
         // Every stream records into the one queue: work still queued that uses the stream's
         // buffers holds their bindings (in-use slices) or wgpu's own reference to the buffer,
-        // which wgpu keeps until that work has run.
-        if state.capture.is_some() || state.memory.memory_usage().number_allocs > 0 {
-            return false;
-        }
+        // which wgpu keeps until that work has run. So no wait: a stream with no live handle is
+        // idle as far as its pools go.
         // Dropping the state drops its pools' buffers.
-        self.streams.remove(&stream);
-        true
+        self.streams.try_retire(stream, |_| true)
     }
 
     fn allocation_mode(
@@ -1308,46 +1275,25 @@ impl ComputeServer for WgpuServer {
         config: &MemoryPoolsConfig,
         stream: StreamId,
     ) -> Result<bool, PoolConfigError> {
-        config.resolve(&self.properties.memory)?;
-        self.pool_config = config.clone();
-        match self.stream(stream) {
-            Ok(state) => state.memory.reconfigure(config),
-            Err(_) => Ok(false),
-        }
+        self.streams.configure_memory_pools(config, stream)
     }
 
     fn graph_prepare(&mut self, stream: StreamId) -> Result<(), ServerError> {
-        self.ensure_not_capturing(stream, "graph_prepare")?;
-        self.stream(stream)?
-            .memory
-            .mode(MemoryAllocationMode::Persistent);
-        Ok(())
+        self.stream(stream)?.prepare_graph(stream)
     }
 
     fn begin_capture(&mut self, stream: StreamId) -> Result<(), ServerError> {
-        self.ensure_not_capturing(stream, "start_capture")?;
-        self.stream(stream)?.capture = Some(Vec::new());
-        Ok(())
+        self.stream(stream)?.begin_capture(stream, Vec::new())
     }
 
     fn end_capture(&mut self, stream: StreamId) -> Result<GraphId, ServerError> {
-        let state = self.stream(stream)?;
-        let launches = state
-            .capture
-            .take()
-            .ok_or_else(|| ServerError::capture_not_started(stream))?;
-        state.memory.mode(MemoryAllocationMode::Auto);
-        let id = GraphId::fresh();
-        self.graphs.insert(id, WgpuGraph { stream, launches });
-        Ok(id)
+        let launches = self.stream(stream)?.end_capture(stream)?;
+        Ok(self.graphs.insert(stream, launches))
     }
 
     fn graph_replay(&mut self, graph: GraphId, stream: StreamId) -> Result<(), ServerError> {
         self.ensure_not_capturing(stream, "graph replay")?;
-        let launches =
-            compute_core::graph::graph_for_replay(&mut self.graphs, graph, stream, |g| g.stream)?
-                .launches
-                .clone();
+        let launches = self.graphs.for_replay(graph, stream)?.clone();
         for launch in &launches {
             self.guard_unread |= matches!(launch.count, DispatchCount::Dynamic { .. });
             self.batch.push_dispatch(launch);
@@ -1357,7 +1303,7 @@ impl ComputeServer for WgpuServer {
     }
 
     fn graph_release(&mut self, graph: GraphId) {
-        self.graphs.remove(&graph);
+        self.graphs.remove(graph);
     }
 
     fn profile_start(&mut self, stream: StreamId) -> Result<ProfileToken, ProfileError> {

@@ -10,6 +10,11 @@
 //! Commands are collected as [`Op`]s on the issuing thread; a submit thread records each batch
 //! into command buffers and submits it with a timeline value reserved when the batch was closed,
 //! so the caller can wait for that value at once (host waits may precede the signal's submission).
+//!
+//! Why one file above 800 lines: the recorder, its submit thread, the staging it hands out and
+//! the recycler share one rule, that whatever a submission uses is kept until its timeline value
+//! completes; kept together, every path that hands a resource to the GPU and every path that gives
+//! it back are read side by side.
 
 use std::any::Any;
 use std::collections::VecDeque;

@@ -13,11 +13,13 @@ use std::sync::Arc;
 
 use ash::vk;
 use compute_core::collective::{HostCollectives, HostRendezvous};
-use compute_core::future::Receiver;
-use compute_core::{Binding, DeviceId, ElemType, ReduceOperation, ServerError};
+use compute_core::future::{DynFut, Receiver};
+use compute_core::{Binding, DeviceId, ElemType, ReduceOperation, ServerError, StreamId};
 
 use crate::batch::{CommandPool, Staging, barrier};
 use crate::context::Context;
+use crate::device::device_count;
+use crate::server::VulkanServer;
 use crate::storage::VulkanResource;
 
 /// One device's part of an all-reduce, handed to the worker.
@@ -132,4 +134,74 @@ fn run_round(
 
 fn pool_handle(pool: &CommandPool) -> vk::CommandPool {
     pool.raw()
+}
+
+impl VulkanServer {
+    fn check_group(&self, devices: &[DeviceId]) -> Result<Vec<DeviceId>, ServerError> {
+        compute_core::collective::check_group(devices, self.owner.device, device_count(), "vulkan")
+    }
+
+    /// [`ComputeServer::ensure_init_collective`](compute_core::ComputeServer::ensure_init_collective).
+    pub(crate) fn init_collective(
+        &mut self,
+        devices: &[DeviceId],
+        _stream: StreamId,
+    ) -> Result<(), ServerError> {
+        let group = self.check_group(devices)?;
+        self.collectives.init(group);
+        Ok(())
+    }
+
+    /// [`ComputeServer::all_reduce`](compute_core::ComputeServer::all_reduce).
+    pub(crate) fn all_reduce_on_group(
+        &mut self,
+        src: Binding,
+        dst: Binding,
+        dtype: ElemType,
+        devices: Vec<DeviceId>,
+        op: ReduceOperation,
+        stream: StreamId,
+    ) -> Result<(), ServerError> {
+        self.ensure_not_capturing(stream, "all_reduce")?;
+        let group = self.check_group(&devices)?;
+        self.collectives
+            .check_all_reduce(&group, src.size(), dst.size(), dtype)?;
+        let source = self.resolve(&src)?;
+        let target = self.resolve(&dst)?;
+        let staging = if source.size == 0 {
+            None
+        } else {
+            let region = vk::BufferCopy {
+                src_offset: source.offset,
+                dst_offset: 0,
+                size: source.size,
+            };
+            Some(self.stage_read(source.buffer, &[region], source.size)?)
+        };
+        let value = self.submit_or_last()?;
+        let seq = self.collectives.next_round(&group, self.owner.device);
+        let round = Round {
+            ctx: self.ctx.clone(),
+            value,
+            staging,
+            len: source.size,
+            group,
+            seq,
+            me: self.owner.device,
+            dtype,
+            op,
+            dst: target,
+            dst_binding: dst,
+        };
+        crate::collective::submit(&mut self.collectives, &self.ctx, self.family, round)
+    }
+
+    /// [`ComputeServer::sync_collective`](compute_core::ComputeServer::sync_collective).
+    pub(crate) fn sync_groups(&mut self, _stream: StreamId) -> DynFut<Result<(), ServerError>> {
+        let rx = crate::collective::marker(&mut self.collectives);
+        Box::pin(async move {
+            rx.await
+                .unwrap_or_else(|| Err(ServerError::Driver("the collective worker stopped".into())))
+        })
+    }
 }

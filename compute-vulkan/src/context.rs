@@ -8,8 +8,8 @@ use std::sync::Mutex;
 use ash::vk;
 use compute_core::ServerError;
 
+use crate::compiler::SpirvCaps;
 use crate::device::Instance;
-use crate::spirv::SpirvCaps;
 
 /// Usages of every storage block: bound to kernels, copied from and to, read as dispatch counts.
 pub(crate) const STORAGE_USAGE: vk::BufferUsageFlags = vk::BufferUsageFlags::from_raw(

@@ -5,10 +5,15 @@
 //! cleared) by the next sync, which returns `LaunchError::CubeCountTooLarge`. This is what wgpu's
 //! indirect validation does, plus the report.
 
+use compute_core::future::DynFut;
 use compute_core::kernel::{KernelBuilder, KernelDefinition};
-use compute_core::{Bytes, ElemType, Handle};
+use compute_core::{
+    Binding, Bytes, ComputeServer, CubeCount, ElemType, ExecutionMode, Handle, KernelArguments,
+    ServerError, StreamId,
+};
 
 use crate::kernel::VulkanKernel;
+use crate::server::VulkanServer;
 
 /// Bytes of the argument buffer (3 x u32 and a pad word) and of the status buffer (a flag, then
 /// the count).
@@ -70,4 +75,97 @@ pub(crate) fn guard_kernel() -> KernelDefinition {
         });
     });
     k.build().expect("the indirect guard is a valid kernel")
+}
+
+impl VulkanServer {
+    /// Run the indirect guard (see [`crate::guard`]) over the dynamic count `binding` on
+    /// `stream`: the binding of the guarded count, to dispatch from.
+    pub(crate) fn guard_count(
+        &mut self,
+        binding: Binding,
+        stream: StreamId,
+    ) -> Result<Binding, ServerError> {
+        if self.guard.is_none() {
+            self.ensure_not_capturing(
+                stream,
+                "the first launch with a dynamic cube count (it makes the count guard's buffers)",
+            )?;
+            let owner = self.owner;
+            let memory = &mut self.stream(stream)?.memory;
+            let args = Handle::new(memory.reserve(GUARD_BYTES)?, owner, stream);
+            let status = Handle::new(memory.reserve(GUARD_BYTES)?, owner, stream);
+            self.write(
+                vec![(status.clone().copy_descriptor_bytes(), cleared_status())],
+                stream,
+            )?;
+            self.guard = Some(IndirectGuard {
+                kernel: guard_kernel().into(),
+                args,
+                status,
+                unread: false,
+            });
+        }
+        let Some(guard) = self.guard.as_mut() else {
+            unreachable!("made just above")
+        };
+        guard.unread = true;
+        let (kernel, args) = (guard.kernel.clone(), guard.args.clone());
+        let max = self.properties.hardware.max_cube_count;
+        let arguments = KernelArguments::new()
+            .buffer(binding)
+            .buffer(args.clone().binding())
+            .buffer(guard.status.clone().binding())
+            .scalar(max[0])
+            .scalar(max[1])
+            .scalar(max[2]);
+        // SAFETY: a bounds-checked launch of the guard, whose buffers hold the 3 and 4 words it
+        // reads and writes.
+        unsafe {
+            self.launch(
+                kernel,
+                CubeCount::Static(1, 1, 1),
+                arguments,
+                ExecutionMode::Checked,
+                stream,
+            )?;
+        }
+        Ok(args.binding())
+    }
+
+    /// When an indirect launch was recorded since the status was last read: a read of the
+    /// guard's status, and a write clearing it after the read.
+    pub(crate) fn read_guard_status(
+        &mut self,
+        stream: StreamId,
+    ) -> Option<DynFut<Result<Vec<Bytes>, ServerError>>> {
+        let guard = self.guard.as_mut()?;
+        if !guard.unread {
+            return None;
+        }
+        guard.unread = false;
+        let status = guard.status.clone();
+        let read = self.read(vec![status.clone().copy_descriptor_bytes()], stream);
+        if let Err(e) = self.write(
+            vec![(status.copy_descriptor_bytes(), cleared_status())],
+            stream,
+        ) {
+            self.errors.lock().push_back(e);
+        }
+        Some(read)
+    }
+}
+
+/// The over-limit count the indirect guard recorded in its status (read back as `bytes`), as the
+/// error to report, if it recorded one.
+pub(crate) fn guard_error(bytes: &[Bytes], maximum: [u32; 3]) -> Option<ServerError> {
+    let raw = bytes.first()?.to_vec();
+    let word =
+        |i: usize| u32::from_le_bytes([raw[4 * i], raw[4 * i + 1], raw[4 * i + 2], raw[4 * i + 3]]);
+    (raw.len() >= GUARD_BYTES as usize && word(0) != 0).then(|| {
+        compute_core::error::LaunchError::CubeCountTooLarge {
+            count: [word(1), word(2), word(3)],
+            maximum,
+        }
+        .into()
+    })
 }

@@ -10,7 +10,7 @@
 //!   kernels bound to sub-ranges; device-local memory on discrete GPUs, the host-visible unified
 //!   heap on integrated and CPU devices; blocks bounded by `maxStorageBufferRange`,
 //!   `maxBufferSize` and `maxMemoryAllocationSize`.
-//! - Kernels: the portable IR compiled to SPIR-V ([`spirv`]) for the features enabled on the
+//! - Kernels: the portable IR compiled to SPIR-V ([`compiler`]) for the features enabled on the
 //!   device; pipelines cached per kernel and bounds-check mode, and a `VkPipelineCache` on disk
 //!   (`COMPUTE_VULKAN_CACHE_DIR`, else the user cache dir), keyed by device UUID and driver
 //!   version.
@@ -19,7 +19,7 @@
 //!   submits them with a timeline value reserved when the batch closed (the driver's recording
 //!   cost leaves the issuing thread; waits may start at once); barriers name only the stages
 //!   involved; push descriptors; reads and syncs block in `vkWaitSemaphores`; timestamp queries
-//!   for `profile`; graphs as pre-recorded command buffers; collectives through host staging.
+//!   for `profile`; graphs as recorded commands appended to the batch at each replay; collectives through host staging.
 //! - Validation: `COMPUTE_VULKAN_VALIDATION=1` enables `VK_LAYER_KHRONOS_validation` with a
 //!   debug messenger; [`validation_message_count`] counts its warnings and errors.
 //!
@@ -34,26 +34,31 @@
 
 mod batch;
 mod collective;
+pub mod compiler;
 mod context;
 mod descriptors;
 mod device;
+mod graph;
 mod guard;
 mod kernel;
+mod launch;
 mod ops;
-mod pipeline;
+mod profile;
 mod raw;
 mod runtime;
 mod server;
-pub mod spirv;
 mod storage;
+mod transfer;
 
 pub use ash;
+/// The kernel compiler under its earlier name (see [`compiler`]).
+pub use compiler as spirv;
+pub use compiler::pipeline::{CACHE_DIR_ENV, PipelineCounts, pipeline_counts};
 pub use device::{
     DEVICES_ENV, VALIDATION_ENV, VULKAN_DEVICE_TYPE, VulkanDevice, availability, device_count,
     physical_device_count, raw_instance, validation_enabled, validation_message_count,
 };
 pub use kernel::VulkanKernel;
-pub use pipeline::{CACHE_DIR_ENV, PipelineCounts, pipeline_counts};
 pub use raw::RawDevice;
 pub use runtime::VulkanRuntime;
 pub use server::{VulkanInfo, VulkanServer, elem_types};

@@ -6,9 +6,9 @@ use std::sync::Arc;
 use ash::vk;
 use compute_core::ServerError;
 
+use crate::compiler::SpirvCaps;
 use crate::context::Context;
 use crate::device::{VulkanDevice, physical_of};
-use crate::spirv::SpirvCaps;
 
 /// A logical device of its own on the physical device behind a [`VulkanDevice`], with one
 /// compute queue that only its holder submits to.

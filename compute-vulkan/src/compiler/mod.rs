@@ -1,4 +1,5 @@
-//! IR -> SPIR-V: the Vulkan backend's kernel compiler.
+//! IR -> SPIR-V: the Vulkan backend's kernel compiler, and (crate-internal, in `pipeline`) the
+//! compute pipelines made from its modules and their on-disk cache.
 //!
 //! # Argument contract (shared by the compiler and the server)
 //!
@@ -87,6 +88,7 @@ mod device_tests;
 mod emit;
 mod math;
 mod ops;
+pub(crate) mod pipeline;
 #[cfg(test)]
 mod tests;
 mod words;

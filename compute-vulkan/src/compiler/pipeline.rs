@@ -1,4 +1,5 @@
-//! Compute pipelines from compiled SPIR-V, and the persistent `VkPipelineCache` on disk.
+//! Compute pipelines from compiled SPIR-V, the persistent `VkPipelineCache` on disk, and the
+//! server's pipeline lookup (compiled and created at a kernel's first launch in each mode).
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -6,8 +7,10 @@ use std::sync::Arc;
 use ash::vk;
 use compute_core::ServerError;
 
+use crate::compiler::{ArgLayout, SpirvKernel};
 use crate::context::Context;
-use crate::spirv::{ArgLayout, SpirvKernel};
+use crate::kernel::VulkanKernel;
+use crate::server::VulkanServer;
 
 /// Environment variable naming the directory of the on-disk pipeline cache (`off` disables it).
 pub const CACHE_DIR_ENV: &str = "COMPUTE_VULKAN_CACHE_DIR";
@@ -318,6 +321,56 @@ impl Drop for PipelineCache {
         self.save();
         // SAFETY: no pipeline creation is in progress (the server owns the cache).
         unsafe { self.ctx.device.destroy_pipeline_cache(self.cache, None) };
+    }
+}
+
+impl VulkanServer {
+    pub(crate) fn pipeline(
+        &mut self,
+        kernel: &VulkanKernel,
+        checked: bool,
+    ) -> Result<Arc<Pipeline>, ServerError> {
+        if let Some((id, was_checked, found)) = &self.last_pipeline
+            && *id == kernel.id
+            && *was_checked == checked
+        {
+            return Ok(found.clone());
+        }
+        if let Some(found) = self.pipelines.get(&(kernel.id, checked)) {
+            self.last_pipeline = Some((kernel.id, checked, found.clone()));
+            return Ok(found.clone());
+        }
+        let def = &kernel.definition;
+        def.validate(&self.properties.hardware)?;
+        let compiled = super::compile(def, &self.ctx.caps, checked)?;
+        // Launch info changes every launch: pushed. Everything else binds cached sets.
+        let push = compiled.uses_info;
+        if push && self.ctx.push_descriptor.is_none() {
+            return Err(ServerError::Unsupported(format!(
+                "vulkan: kernel `{}` reads launch metadata, which needs VK_KHR_push_descriptor (this device lacks it)",
+                def.name()
+            )));
+        }
+        if compiled.push_constant_bytes > self.ctx.limits().max_push_constants_size {
+            return Err(ServerError::Compilation(format!(
+                "kernel `{}` needs {} bytes of push constants, the device has {}",
+                def.name(),
+                compiled.push_constant_bytes,
+                self.ctx.limits().max_push_constants_size
+            )));
+        }
+        let pipeline = Arc::new(Pipeline::new(
+            &self.ctx,
+            self.cache.cache,
+            def.name(),
+            compiled,
+            push,
+        )?);
+        self.cache.created();
+        self.pipelines
+            .insert((kernel.id, checked), pipeline.clone());
+        self.last_pipeline = Some((kernel.id, checked, pipeline.clone()));
+        Ok(pipeline)
     }
 }
 

@@ -9,6 +9,12 @@
 //! memory `bool` is a `u8` (0/1) and `bf16` a `u16`, and so in shared memory when the device has
 //! 8/16-bit integers. Shared memory and local arrays are flat arrays of `len * width` scalars. Variables are one `Function` variable per
 //! component, so no phis are needed except after guarded (bounds checked) loads.
+//!
+//! Why one file of this size: the emitter is one state machine (the [`Emitter`]: the module being
+//! written, the open block and loop stack, the ids of every IR value, variable, buffer and
+//! builtin) that every IR statement and operation writes through; the arithmetic and math
+//! expansions already live in `ops` and `math`, and splitting the statement walk further would
+//! scatter the code that must agree on that state.
 
 use std::collections::HashMap;
 

@@ -1,0 +1,119 @@
+//! Profiles: two timestamp queries around the profiled work when the device has timestamps, the
+//! host clock around a sync otherwise.
+
+use std::sync::Arc;
+
+use ash::vk;
+use compute_core::future::DynFut;
+use compute_core::profile::{ProfileToken, device_profile, host_profile};
+use compute_core::{ComputeServer, ProfileDuration, ProfileError, ServerError, StreamId};
+
+use crate::batch::stage;
+use crate::context::Context;
+use crate::server::{VulkanServer, ready};
+
+pub(crate) struct QueryPool {
+    ctx: Arc<Context>,
+    pool: vk::QueryPool,
+}
+
+impl Drop for QueryPool {
+    fn drop(&mut self) {
+        // SAFETY: dropped after the submission writing it completed (or never submitted).
+        unsafe { self.ctx.device.destroy_query_pool(self.pool, None) };
+    }
+}
+
+impl VulkanServer {
+    fn profile_queries(&mut self) -> Result<QueryPool, ServerError> {
+        let info = vk::QueryPoolCreateInfo::default()
+            .query_type(vk::QueryType::TIMESTAMP)
+            .query_count(2);
+        // SAFETY: a valid create info.
+        let pool = unsafe { self.ctx.device.create_query_pool(&info, None) }
+            .map_err(|e| ServerError::Driver(format!("vkCreateQueryPool failed: {e}")))?;
+        Ok(QueryPool {
+            ctx: self.ctx.clone(),
+            pool,
+        })
+    }
+
+    fn timestamp(&mut self, pool: vk::QueryPool, index: u32) -> Result<(), ServerError> {
+        // The pool has 2 queries and is kept until the profile is read.
+        let mut rec = self.recorder.command(stage::ALL);
+        if index == 0 {
+            rec.reset_queries(pool, 0, 2);
+        }
+        rec.timestamp(pool, index);
+        Ok(())
+    }
+
+    /// [`ComputeServer::profile_start`](compute_core::ComputeServer::profile_start).
+    pub(crate) fn start_profile(&mut self, stream: StreamId) -> Result<ProfileToken, ProfileError> {
+        self.ensure_not_capturing(stream, "profile")?;
+        let queries = if self.properties.features.device_timestamps {
+            let pool = self.profile_queries()?;
+            self.timestamp(pool.pool, 0)?;
+            Some(pool)
+        } else {
+            None
+        };
+        Ok(self.profiles.start(queries))
+    }
+
+    /// [`ComputeServer::profile_end`](compute_core::ComputeServer::profile_end).
+    pub(crate) fn end_profile(
+        &mut self,
+        token: ProfileToken,
+        stream: StreamId,
+    ) -> DynFut<Result<ProfileDuration, ProfileError>> {
+        let (start, queries) = match self.profiles.end(token) {
+            Ok(p) => p,
+            Err(e) => return ready(Err(e)),
+        };
+        let Some(queries) = queries else {
+            return host_profile(start, self.sync(stream));
+        };
+        let recorded = (|| {
+            self.timestamp(queries.pool, 1)?;
+            self.submit_or_last()
+        })();
+        let value = match recorded {
+            Ok(v) => v,
+            Err(e) => {
+                // The pool may be referenced by the open batch.
+                self.recorder.keep_until_done(queries);
+                return ready(Err(e.into()));
+            }
+        };
+        let ctx = self.ctx.clone();
+        let errors = self.errors.clone();
+        let period = f64::from(self.info.timestamp_period_ns);
+        let bits = ctx.timestamp_valid_bits;
+        Box::pin(async move {
+            ctx.wait(value)?;
+            let mut stamps = [0u64; 2];
+            // SAFETY: both queries were written by the completed submission.
+            unsafe {
+                ctx.device.get_query_pool_results(
+                    queries.pool,
+                    0,
+                    &mut stamps,
+                    vk::QueryResultFlags::TYPE_64 | vk::QueryResultFlags::WAIT,
+                )
+            }
+            .map_err(|e| ServerError::Driver(format!("vkGetQueryPoolResults failed: {e}")))?;
+            drop(queries);
+            if let Some(e) = compute_core::error::take_first(&mut errors.lock()) {
+                return Err(e.into());
+            }
+            let mask = if bits >= 64 {
+                u64::MAX
+            } else {
+                (1u64 << bits) - 1
+            };
+            let ticks = (stamps[1] & mask).wrapping_sub(stamps[0] & mask) & mask;
+            Ok(device_profile(ticks, period))
+        })
+    }
+}

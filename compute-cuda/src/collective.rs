@@ -25,12 +25,16 @@ use std::sync::{Mutex, MutexGuard, OnceLock};
 use std::time::Instant;
 
 use compute_core::collective::{CHECK_VAR, CollectiveError, MismatchKind, World};
-use compute_core::{DeviceId, ElemType, ReduceOperation, ServerError};
+use compute_core::future::DynFut;
+use compute_core::{
+    Binding, ComputeServer, DeviceId, ElemType, ReduceOperation, ServerError, StreamId,
+};
 use cudarc::driver::{result as driver, sys as driver_sys};
 use cudarc::nccl::{result as nccl, sys};
 use hashbrown::HashMap;
 
 use crate::driver::{Check, Context, Raw};
+use crate::server::CudaServer;
 
 /// Bytes of the header the checked mode exchanges.
 const HEADER: usize = 32;
@@ -478,6 +482,104 @@ pub(crate) fn all_reduce(
     }
     .map_err(|e| nccl_error("ncclAllReduce", e))?;
     Ok(())
+}
+
+/// The server's collective calls: one communication stream per group, ordered after the work of
+/// the calling stream.
+impl CudaServer {
+    /// The group `devices` (sorted, deduplicated), checked against this server's device and
+    /// the devices of the process.
+    pub(crate) fn check_group(&self, devices: &[DeviceId]) -> Result<Vec<DeviceId>, ServerError> {
+        compute_core::collective::check_group(
+            devices,
+            self.owner.device,
+            crate::driver::device_count(),
+            "CUDA",
+        )
+    }
+
+    /// `ensure_init_collective`: the group's NCCL communicator, made once.
+    pub(crate) fn init_collective(
+        &mut self,
+        devices: &[DeviceId],
+        stream: StreamId,
+    ) -> Result<(), ServerError> {
+        self.settle()?;
+        let group = self.check_group(devices)?;
+        self.stream(stream)?;
+        crate::collective::communicator(&group, self.owner.device)?;
+        if !self.collective_groups.contains(&group) {
+            self.collective_groups.push(group);
+        }
+        Ok(())
+    }
+
+    /// `all_reduce`: on the group's communication stream, after the work of `stream` issued so
+    /// far.
+    pub(crate) fn all_reduce_group(
+        &mut self,
+        src: Binding,
+        dst: Binding,
+        dtype: ElemType,
+        devices: Vec<DeviceId>,
+        op: ReduceOperation,
+        stream: StreamId,
+    ) -> Result<(), ServerError> {
+        self.settle()?;
+        let group = self.check_group(&devices)?;
+        compute_core::collective::check_all_reduce(
+            &group,
+            self.collective_groups.contains(&group) && crate::collective::initialised(&group),
+            src.size(),
+            dst.size(),
+            dtype,
+        )?;
+        crate::collective::data_type(dtype)?;
+        crate::collective::communicator(&group, self.owner.device)?;
+        let source = self.resolve(&src)?;
+        let target = self.resolve(&dst)?;
+        // The communication stream runs after the work of `stream` issued so far.
+        self.stream(stream)?;
+        let comm_stream = *self
+            .comm_streams
+            .entry(group.clone())
+            .or_insert_with(StreamId::fresh);
+        let user_seq = self.streams.get(stream).map_or(0, |s| s.queue.seq);
+        if let Some(event) = self.marker(stream, user_seq)? {
+            let raw = self.stream(comm_stream)?.queue.raw;
+            // SAFETY: both alive.
+            unsafe {
+                driver::stream::wait_event(
+                    raw.0,
+                    event.0,
+                    driver_sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
+                )
+            }
+            .check("cuStreamWaitEvent")?;
+        }
+        self.order_after(comm_stream, &[&src, &dst])?;
+        let raw = self.stream(comm_stream)?.queue.raw;
+        let count = (src.size() / dtype.size() as u64) as usize;
+        if count > 0 {
+            let me = self.owner.device;
+            crate::collective::all_reduce(
+                &group, me, source.ptr, target.ptr, count, dtype, op, raw,
+            )?;
+        }
+        self.mark(comm_stream, &[&src, &dst], None)
+    }
+
+    /// `sync_collective`: every communication stream's sync.
+    pub(crate) fn sync_comm_streams(&mut self) -> DynFut<Result<(), ServerError>> {
+        let comms: Vec<StreamId> = self.comm_streams.values().copied().collect();
+        let waits: Vec<_> = comms.into_iter().map(|c| self.sync(c)).collect();
+        Box::pin(async move {
+            for wait in waits {
+                wait.await?;
+            }
+            Ok(())
+        })
+    }
 }
 
 #[cfg(test)]

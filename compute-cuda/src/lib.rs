@@ -22,17 +22,23 @@
 //! assert_eq!(client.read_one(handle).unwrap().to_elems::<u32>(), vec![1, 2, 3]);
 //! ```
 
-pub mod codegen;
 mod collective;
 mod compiler;
 mod device;
 mod driver;
+mod graph;
 mod kernel;
+mod launch;
 mod pinned;
+mod profile;
 mod runtime;
 mod server;
+mod staging;
 mod storage;
 mod stream;
+mod transfer;
+
+pub use compiler::codegen;
 
 pub use compiler::{CompileCounts, CompiledKernel, cache_dir, compile_counts};
 /// The cudarc version this backend is built on, for raw baselines and interop.

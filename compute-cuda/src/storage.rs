@@ -1,9 +1,11 @@
 //! Device storage: blocks straight from `cuMemAlloc`, carved by compute-core's pools.
 
-use compute_core::ServerError;
 use compute_core::storage::{ComputeStorage, StorageHandle, StorageId, StorageUtilization};
+use compute_core::{ServerError, StreamId};
 use cudarc::driver::{result, sys};
 use hashbrown::HashMap;
+
+use crate::server::CudaServer;
 
 /// Alignment of slice offsets inside a block: more than any vector load needs, and what
 /// `cuMemAlloc` itself guarantees.
@@ -108,5 +110,32 @@ impl compute_core::storage::ResourceRange for CudaResource {
 
     fn range_start(&self) -> u64 {
         self.ptr
+    }
+}
+
+impl CudaServer {
+    /// `memory_cleanup`: release the staging rings and the free memory of `stream`'s pools, put
+    /// off while any stream of the device captures.
+    pub(crate) fn cleanup_memory(&mut self, stream: StreamId) {
+        self.settle_quietly();
+        if self.context.bind().is_err() {
+            return;
+        }
+        // Freeing device or pinned memory synchronises the device implicitly, which invalidates
+        // a capture running on any stream of it: while one runs, the cleanup waits for a later
+        // call (what it would free stays pooled and reusable meanwhile).
+        if self.streams.any_capturing() {
+            return;
+        }
+        self.staging.release(&mut self.events);
+        self.small_staging.release(&mut self.events);
+        if let Some(state) = self.streams.get_mut(stream)
+            && state.capture.is_none()
+        {
+            if let Err(e) = state.queue.wait_idle(&mut self.events) {
+                crate::driver::record_release_error(e);
+            }
+            self.streams.cleanup(stream);
+        }
     }
 }

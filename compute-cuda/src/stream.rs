@@ -5,11 +5,14 @@
 use std::collections::VecDeque;
 
 use compute_core::backend::StreamEntry;
-use compute_core::{Binding, Bytes, ServerError};
+use compute_core::future::DynFut;
+use compute_core::handle::StreamPoint;
+use compute_core::{Binding, Bytes, ServerError, StreamId};
 use cudarc::driver::{result, sys};
 
 use crate::driver::{Check, Context, Raw};
 use crate::pinned::PinnedBuffer;
+use crate::server::{CudaServer, ready};
 use crate::storage::CudaStorage;
 
 /// Something the device may still read or write: dropped once the event after its use completed.
@@ -316,5 +319,216 @@ impl Drop for StreamQueue {
         crate::driver::released("cuStreamDestroy", unsafe {
             result::stream::destroy(self.raw.0)
         });
+    }
+}
+
+/// Stream order: the events other streams wait on, what a command keeps alive, the wait events
+/// of syncs and reads, and a stream's retirement.
+impl CudaServer {
+    /// An event on `other` that covers its command `seq`, recording one only when none does.
+    pub(crate) fn marker(
+        &mut self,
+        other: StreamId,
+        seq: u64,
+    ) -> Result<Option<Raw<sys::CUevent>>, ServerError> {
+        let Some(state) = self.streams.get_mut(other) else {
+            return Ok(None);
+        };
+        if state.capture.is_some() {
+            return Ok(None);
+        }
+        let state = &mut state.queue;
+        if let Some((covered, event)) = state.marker
+            && covered >= seq
+        {
+            return Ok(Some(event));
+        }
+        let event = self.events.take()?;
+        // SAFETY: event and stream are alive.
+        unsafe { result::event::record(event.0, state.raw.0) }.check("cuEventRecord")?;
+        if let Some((_, old)) = state.marker.replace((state.seq, event)) {
+            self.events.give(old);
+        }
+        Ok(Some(event))
+    }
+
+    /// Make `stream` wait for the last uses of `bindings` on other streams.
+    pub(crate) fn order_after(
+        &mut self,
+        stream: StreamId,
+        bindings: &[&Binding],
+    ) -> Result<(), ServerError> {
+        for binding in bindings {
+            let Some(point) = binding.handle().access().last() else {
+                continue;
+            };
+            if point.stream == stream {
+                continue;
+            }
+            if let Some(event) = self.marker(point.stream, point.seq)? {
+                let state = self.stream(stream)?;
+                if state.capture.is_some() {
+                    continue;
+                }
+                // SAFETY: both the stream and the event are alive.
+                unsafe {
+                    result::stream::wait_event(
+                        state.queue.raw.0,
+                        event.0,
+                        sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
+                    )
+                }
+                .check("cuStreamWaitEvent")?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Record the command just submitted on `stream` as the last use of `bindings`, and keep the
+    /// ones of other streams' pools (plus `extra`) alive until it completed.
+    pub(crate) fn mark(
+        &mut self,
+        stream: StreamId,
+        bindings: &[&Binding],
+        extra: Option<KeepAlive>,
+    ) -> Result<(), ServerError> {
+        let state = self
+            .streams
+            .get_mut(stream)
+            .unwrap_or_else(|| unreachable!("the stream submitted the command"));
+        state.queue.seq += 1;
+        let point = StreamPoint {
+            stream,
+            seq: state.queue.seq,
+        };
+        let mut others = Vec::new();
+        for binding in bindings {
+            binding.handle().access().replace(point);
+            match &mut state.capture {
+                // A graph keeps every binding it recorded, of this stream's pools too: its
+                // replays read and write the recorded addresses long after the caller may have
+                // dropped the handles, and a freed slice would be handed to a new buffer.
+                Some(holds) => holds.push((*binding).clone()),
+                None if binding.handle().stream() != stream => {
+                    others.push(KeepAlive::Binding((*binding).clone()));
+                }
+                None => {}
+            }
+        }
+        let capturing = state.capture.is_some();
+        state
+            .queue
+            .hold(&mut self.events, extra.into_iter().chain(others), capturing)
+    }
+
+    /// A future completing when `event` (recorded just before) completed; the event goes back to
+    /// its pool then.
+    pub(crate) fn event_future(
+        &self,
+        event: WaitEvent,
+    ) -> impl core::future::Future<Output = Result<(), ServerError>> + Send + 'static {
+        let context = self.context.clone();
+        async move {
+            context.bind()?;
+            // SAFETY: the event was recorded and is owned by this future.
+            unsafe { result::event::synchronize(event.raw()) }.check("waiting for the stream")
+        }
+    }
+
+    /// Record a wait event on `stream` (for a future to wait on).
+    pub(crate) fn record_fresh(&mut self, stream: StreamId) -> Result<WaitEvent, ServerError> {
+        let raw = self.stream(stream)?.queue.raw;
+        let event = self.events.shared().take()?;
+        // SAFETY: event and stream are alive.
+        unsafe { result::event::record(event.raw(), raw.0) }.check("cuEventRecord")?;
+        Ok(event)
+    }
+
+    /// `flush`: the errors of earlier calls, and the stream's status (not queried while it
+    /// captures).
+    pub(crate) fn flush_stream(&mut self, stream: StreamId) -> Result<(), ServerError> {
+        self.settle()?;
+        crate::driver::take_release_error()?;
+        let state = self.stream(stream)?;
+        if state.capture.is_some() {
+            return Ok(());
+        }
+        // SAFETY: the stream is alive; only reports its status.
+        match unsafe { sys::cuStreamQuery(state.queue.raw.0) } {
+            sys::CUresult::CUDA_SUCCESS | sys::CUresult::CUDA_ERROR_NOT_READY => Ok(()),
+            other => Err(crate::driver::driver_error(
+                "stream",
+                cudarc::driver::DriverError(other),
+            )),
+        }
+    }
+
+    /// `sync`: a future completing once the work queued on `stream` so far completed.
+    pub(crate) fn sync_stream(&mut self, stream: StreamId) -> DynFut<Result<(), ServerError>> {
+        if let Err(e) = self
+            .settle()
+            .and_then(|()| crate::driver::take_release_error())
+            .and_then(|()| self.ensure_not_capturing(stream, "sync"))
+        {
+            return ready(Err(e));
+        }
+        // Items kept alive until the work so far completes (a released graph's buffers) get
+        // their event now, so that they are free once this sync has returned.
+        if let Err(e) = self.context.bind() {
+            return ready(Err(e));
+        }
+        if let Some(state) = self.streams.get_mut(stream)
+            && state.capture.is_none()
+            && let Err(e) = state.queue.seal(&mut self.events)
+        {
+            return ready(Err(e));
+        }
+        match self.record_fresh(stream) {
+            Ok(event) => Box::pin(self.event_future(event)),
+            Err(e) => ready(Err(e)),
+        }
+    }
+
+    /// `retire_stream`: drop the stream when it is idle (waited for, with `wait`), not capturing
+    /// and holding no live handle.
+    pub(crate) fn retire_idle(&mut self, stream: StreamId, wait: bool) -> bool {
+        let Some(raw) = self.streams.get(stream).map(|s| s.queue.raw) else {
+            return true;
+        };
+        if self.context.bind().is_err() {
+            return false;
+        }
+        // A capturing stream is not retired, and not even queried: a status query of a
+        // capturing stream invalidates its capture.
+        if self.streams.is_capturing(stream) {
+            return false;
+        }
+        if wait {
+            // The copy team's driver calls may target the stream.
+            self.settle_quietly();
+        } else {
+            // Without waiting: nothing handed to the copy team, and the stream idle.
+            if self.issuing.is_some() {
+                return false;
+            }
+            // SAFETY: the stream is alive (owned by its state).
+            let idle = unsafe { sys::cuStreamQuery(raw.0) } == sys::CUresult::CUDA_SUCCESS;
+            if !idle {
+                return false;
+            }
+        }
+        let (staging, small_staging, events) =
+            (&mut self.staging, &mut self.small_staging, &mut self.events);
+        // Retired when not capturing (checked again), idle and holding no live handle. Dropping
+        // the state frees its pools' device memory (the stream is idle by then) and synchronizes
+        // and destroys the CUDA stream and its events.
+        self.streams.try_retire(stream, |state| {
+            // A staging slot whose copies ran on the stream gets its closing event now (the
+            // stream is destroyed below); then its work completes and releases what it kept
+            // alive.
+            staging.close_on(state.queue.raw, events).is_ok()
+                && small_staging.close_on(state.queue.raw, events).is_ok()
+                && state.queue.wait_idle(events).is_ok()
+        })
     }
 }

@@ -13,6 +13,11 @@
 //! bounds checks (always on shared and local arrays, on global buffers in checked launches).
 //! `f16` and `bf16` are stored as 16-bit words and computed in `f32` (exact for the basic
 //! operations), converted with PTX `cvt`, so no CUDA header is needed.
+//!
+//! One file, above the crate's usual size: the generator is one emitter (`Gen`, a recursive
+//! walk over the IR's statements and operations with one shared state) and the per-operation
+//! expression helpers it calls (`unary`, `binary`, `compare`, `cast`); split, every piece would
+//! reach back into the same state and helpers.
 
 use core::fmt::Write as _;
 

@@ -2,7 +2,10 @@
 //!
 //! A compiled kernel is a CUBIN for the device's exact architecture. On disk it is kept under
 //! [`cache_dir`], named by kernel id, checked/unchecked, architecture, driver version and code
-//! generator version, so a second process start loads it without invoking NVRTC.
+//! generator version, so a second process start loads it without invoking NVRTC. The CUDA C++
+//! itself comes from [`codegen`].
+
+pub mod codegen;
 
 use std::ffi::CString;
 use std::path::PathBuf;
@@ -12,7 +15,8 @@ use compute_core::kernel::{KernelDefinition, KernelId};
 use cudarc::driver::{result, sys};
 use cudarc::nvrtc::{result as nvrtc, sys as nvrtc_sys};
 
-use crate::codegen::{self, CODEGEN_VERSION, ENTRY, ParamLayout};
+use codegen::{CODEGEN_VERSION, ENTRY, ParamLayout};
+
 use crate::driver::{Check, Raw};
 
 /// Shared memory a kernel may use without opting in, in bytes.

@@ -1,0 +1,200 @@
+//! Kernel launches: the module of a kernel (compiled once per checked/unchecked variant), the
+//! launch checks, dynamic cube counts, and the launch parameters packed after the compiled
+//! kernel's [`ParamLayout`](crate::compiler::codegen::ParamLayout).
+
+use std::sync::Arc;
+
+use compute_core::error::LaunchError;
+use compute_core::{Binding, CubeCount, ExecutionMode, KernelArguments, ServerError, StreamId};
+use cudarc::driver::{result, sys};
+
+use crate::compiler::codegen::{MAX_RANK, META_BYTES};
+use crate::compiler::{self, CompiledKernel};
+use crate::driver::Check;
+use crate::kernel::CudaKernel;
+use crate::server::CudaServer;
+
+/// Bytes of one launch parameter slot (the biggest parameter is a `Meta`).
+const SLOT_WORDS: usize = META_BYTES.div_ceil(8);
+
+fn meta_slot(shape: &[usize], strides: &[usize]) -> Result<[u64; SLOT_WORDS], ServerError> {
+    if shape.len() > MAX_RANK || strides.len() != shape.len() {
+        return Err(compute_core::error::LaunchError::MetadataTooLarge {
+            rank: shape.len().max(strides.len()),
+            maximum: MAX_RANK,
+        }
+        .into());
+    }
+    let mut words = [0u32; 1 + 2 * MAX_RANK];
+    words[0] = shape.len() as u32;
+    for (i, (&n, &s)) in shape.iter().zip(strides).enumerate() {
+        words[1 + i] = n.min(u32::MAX as usize) as u32;
+        words[1 + MAX_RANK + i] = s.min(u32::MAX as usize) as u32;
+    }
+    let mut slot = [0u64; SLOT_WORDS];
+    bytemuck::cast_slice_mut::<u64, u8>(&mut slot)[..META_BYTES]
+        .copy_from_slice(bytemuck::cast_slice(&words));
+    Ok(slot)
+}
+
+impl CudaServer {
+    pub(crate) fn compiled(
+        &mut self,
+        kernel: &CudaKernel,
+        checked: bool,
+    ) -> Result<Arc<CompiledKernel>, ServerError> {
+        if let Some(found) = self.kernels.get(&(kernel.id, checked)) {
+            return Ok(found.clone());
+        }
+        kernel.definition.validate(&self.properties.hardware)?;
+        let compiled = Arc::new(compiler::compile(
+            &kernel.definition,
+            kernel.id,
+            checked,
+            self.target,
+        )?);
+        self.kernels.insert((kernel.id, checked), compiled.clone());
+        Ok(compiled)
+    }
+
+    /// The three `u32` of a dynamic cube count, read after the work queued so far.
+    pub(crate) fn dynamic_count(
+        &mut self,
+        binding: &Binding,
+        stream: StreamId,
+    ) -> Result<[u32; 3], ServerError> {
+        self.ensure_not_capturing(stream, "a launch with a dynamic cube count")?;
+        let source = self.resolve(binding)?;
+        if source.len < 12 {
+            return Err(compute_core::error::LaunchError::DynamicCount {
+                offset: binding.handle().slice_offset_start(),
+                size: source.len,
+            }
+            .into());
+        }
+        self.order_after(stream, &[binding])?;
+        let raw = self.stream(stream)?.queue.raw;
+        let mut count = [0u32; 3];
+        // SAFETY: 12 bytes into a local array; synchronous with respect to the stream's work.
+        unsafe { result::memcpy_dtoh_async(&mut count[..], source.ptr, raw.0) }
+            .check("reading a dynamic cube count")?;
+        // SAFETY: the stream is alive.
+        unsafe { result::stream::synchronize(raw.0) }.check("cuStreamSynchronize")?;
+        Ok(count)
+    }
+
+    /// `launch`: the launch checks, the parameters packed after the compiled
+    /// [`ParamLayout`](crate::compiler::codegen::ParamLayout) (pointer and length of every
+    /// buffer, the metadata slots, the scalars), then `cuLaunchKernel`.
+    ///
+    /// # Safety
+    /// As [`ComputeServer::launch`](compute_core::ComputeServer::launch): an unchecked launch
+    /// must stay in bounds.
+    pub(crate) unsafe fn launch_kernel(
+        &mut self,
+        kernel: CudaKernel,
+        count: CubeCount,
+        arguments: KernelArguments,
+        mode: ExecutionMode,
+        stream: StreamId,
+    ) -> Result<(), ServerError> {
+        self.settle()?;
+        let definition = &kernel.definition;
+        // The kernel's own limits (cube dimensions, shared and private memory) are checked once,
+        // with the rest of the IR, when it is compiled.
+        definition.check_arguments(&arguments)?;
+        count.check(&self.properties.hardware)?;
+        let compiled = self.compiled(&kernel, mode == ExecutionMode::Checked)?;
+        let grid = match &count {
+            CubeCount::Static(x, y, z) => [*x, *y, *z],
+            CubeCount::Dynamic(binding) => self.dynamic_count(binding, stream)?,
+        };
+        if grid.contains(&0) {
+            return Ok(());
+        }
+        let max = self.properties.hardware.max_cube_count;
+        if grid.iter().zip(max).any(|(&g, m)| g > m) {
+            return Err(LaunchError::CubeCountTooLarge {
+                count: grid,
+                maximum: max,
+            }
+            .into());
+        }
+        let layout = &compiled.layout;
+        let mut slots: Vec<[u64; SLOT_WORDS]> =
+            Vec::with_capacity(2 * layout.buffers + layout.meta.len() + layout.scalars.len());
+        for (arg, decl) in arguments.buffers.iter().zip(definition.buffers()) {
+            let resource = self.resolve(&arg.binding)?;
+            let item = decl.item().size() as u64;
+            let align = item.min(16);
+            if resource.ptr % align != 0 {
+                return Err(compute_core::error::LaunchError::MisalignedBuffer {
+                    kernel: definition.name().into(),
+                    name: decl.name.clone(),
+                    offset: resource.ptr % align,
+                    alignment: align,
+                }
+                .into());
+            }
+            let mut ptr = [0u64; SLOT_WORDS];
+            ptr[0] = resource.ptr;
+            let mut len = [0u64; SLOT_WORDS];
+            len[0] = resource.len / item;
+            slots.push(ptr);
+            slots.push(len);
+        }
+        for &b in &layout.meta {
+            let arg = &arguments.buffers[b];
+            slots.push(meta_slot(&arg.shape, &arg.strides)?);
+        }
+        for value in &arguments.scalars {
+            let mut slot = [0u64; SLOT_WORDS];
+            slot[0] = value.native_bits();
+            slots.push(slot);
+        }
+        let mut params: Vec<*mut core::ffi::c_void> =
+            slots.iter_mut().map(|s| s.as_mut_ptr().cast()).collect();
+        let mut bindings: Vec<&Binding> = arguments.buffers.iter().map(|b| &b.binding).collect();
+        if let CubeCount::Dynamic(b) = &count {
+            bindings.push(b);
+        }
+        self.order_after(stream, &bindings)?;
+        let raw = self.stream(stream)?.queue.raw;
+        let [bx, by, bz] = compiled.cube_dim;
+        // SAFETY: the parameters match the generated signature (`ParamLayout`), every pointer is
+        // a live device range kept alive by stream order or `mark`; for unchecked launches the
+        // caller promised in-bounds accesses.
+        unsafe {
+            sys::cuLaunchKernel(
+                compiled.function.0,
+                grid[0],
+                grid[1],
+                grid[2],
+                bx,
+                by,
+                bz,
+                layout.shared_bytes as u32,
+                raw.0,
+                params.as_mut_ptr(),
+                core::ptr::null_mut(),
+            )
+        }
+        .result()
+        .check("cuLaunchKernel")?;
+        self.mark(stream, &bindings, None)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn launch_parameters_are_little_endian_words() {
+        let slot = meta_slot(&[3, 4], &[4, 1]).unwrap();
+        let words: &[u32] = bytemuck::cast_slice(&slot);
+        assert_eq!(&words[..3], &[2, 3, 4]);
+        assert_eq!(words[1 + MAX_RANK], 4);
+        assert!(meta_slot(&[1; 9], &[1; 9]).is_err());
+    }
+}

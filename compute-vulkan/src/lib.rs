@@ -51,8 +51,6 @@ mod storage;
 mod transfer;
 
 pub use ash;
-/// The kernel compiler under its earlier name (see [`compiler`]).
-pub use compiler as spirv;
 pub use compiler::pipeline::{CACHE_DIR_ENV, PipelineCounts, pipeline_counts};
 pub use device::{
     DEVICES_ENV, VALIDATION_ENV, VULKAN_DEVICE_TYPE, VulkanDevice, availability, device_count,

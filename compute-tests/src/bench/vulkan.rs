@@ -222,7 +222,7 @@ impl Raw {
     /// The pipeline of a portable kernel compiled once by the backend's emitter (same SPIR-V),
     /// with whole buffers in a descriptor set written once and the argument words prepared.
     fn pipeline(&self, kernel: &KernelDefinition, buffers: &[&Buf], item: u64) -> Res<Pipe> {
-        let compiled = compute::vulkan::spirv::compile(kernel, &self.dev.caps(), false)
+        let compiled = compute::vulkan::compiler::compile(kernel, &self.dev.caps(), false)
             .map_err(|e| e.to_string())?;
         let d = self.d();
         let n = buffers.len() as u32;

@@ -15,6 +15,23 @@ pub fn best_per_call(reps: usize, iters: usize, mut f: impl FnMut()) -> f64 {
     best
 }
 
+/// Best seconds of `run` over `reps` rounds, each given a fresh `prepare()` made before its
+/// clock starts (inputs that `run` consumes, such as owned host buffers to upload).
+pub fn best_prepared<T>(
+    reps: usize,
+    mut prepare: impl FnMut() -> T,
+    mut run: impl FnMut(T),
+) -> f64 {
+    let mut best = f64::INFINITY;
+    for _ in 0..reps {
+        let input = prepare();
+        let start = Instant::now();
+        run(input);
+        best = best.min(start.elapsed().as_secs_f64());
+    }
+    best
+}
+
 /// Best seconds of each closure over `rounds` rounds that run them one after the other, so that
 /// host noise that comes and goes (a busy neighbour of the VM) hits ours and the baseline alike.
 pub fn best_alternating(rounds: usize, fs: &mut [&mut dyn FnMut()]) -> Vec<f64> {

@@ -71,9 +71,19 @@ fn registry() -> MutexGuard<'static, Comms> {
 }
 
 /// Keep NVLink multicast (NVLS) off: it can put the host's shared GPUs out of service.
+///
+/// This is the one place the library writes the process environment, and only when the user
+/// has not set `NCCL_NVLS_ENABLE` (a value of theirs, `1` included, is left alone). NCCL offers
+/// no other switch in the versions cudarc 0.19 binds (up to 2.30): no `ncclConfig_t` field turns
+/// NVLS off (`nvlsCTAs` only sizes its channels, and NCCL refuses a value <= 0 as an invalid
+/// argument; `collnetEnable` is CollNet, not NVLS), the `ncclParam*` API only reads parameters,
+/// and `NCCL_CONF_FILE` is itself a variable. `ncclCommInitAll`, the one-process path, takes no
+/// config at all.
 pub(crate) fn disable_nvls() {
     static ONCE: OnceLock<()> = OnceLock::new();
     ONCE.get_or_init(|| {
+        // Only when unset: the user's own choice wins, and the environment is written at most
+        // once, before the first communicator (NCCL reads the variable when it initialises).
         if std::env::var_os("NCCL_NVLS_ENABLE").is_none() {
             // SAFETY: set once, before NCCL is first loaded, from the thread creating a
             // communicator; the runtime reads no other environment variable concurrently.

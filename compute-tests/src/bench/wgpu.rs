@@ -34,6 +34,10 @@ pub fn run(filter: &str) -> Vec<Row> {
         progress("wgpu launch latency and host cost");
         rows.extend(launch(&client, &raw));
     }
+    if wanted("tail ablation") {
+        progress("wgpu launch+sync tail ablation: raw wgpu with our threads around it");
+        rows.extend(tail_ablation(&raw));
+    }
     if wanted("kept kernel launch") {
         progress("wgpu kept kernel launch, generic vs backend-specific");
         let out = client.empty(4 * 256);
@@ -225,6 +229,121 @@ fn best_of<T>(
         after();
     }
     best
+}
+
+/// The tail of raw wgpu launch+sync with each of our threads added around it, to find which one
+/// our p99 comes from: a poll thread that also waits for every submission (ours drives map
+/// callbacks that way), and a submit thread that encodes and submits while the caller waits
+/// for the index (ours moves `finish` and `submit` off the caller's thread). 1,000 samples of
+/// each variant, interleaved; rows give each variant's p50 and p99 against plain raw wgpu's.
+fn tail_ablation(raw: &Raw) -> Vec<Row> {
+    use std::sync::mpsc;
+    let definition = store_kernel();
+    let buffer = raw.buffer(64 * 4, wgpu::BufferUsages::STORAGE);
+    let (pipeline, group) = raw.pipeline(&definition, &[&buffer], 4);
+    let encode = |device: &wgpu::Device| {
+        let mut encoder = device.create_command_encoder(&Default::default());
+        {
+            let mut pass = encoder.begin_compute_pass(&Default::default());
+            pass.set_pipeline(&pipeline);
+            pass.set_bind_group(0, &group, &[]);
+            pass.dispatch_workgroups(1, 1, 1);
+        }
+        encoder.finish()
+    };
+    let wait = |index: wgpu::SubmissionIndex| {
+        raw.device
+            .poll(wgpu::PollType::Wait {
+                submission_index: Some(index),
+                timeout: None,
+            })
+            .expect("poll");
+    };
+    let samples = 1000;
+    let mut times: [Vec<f64>; 4] = Default::default();
+    std::thread::scope(|scope| {
+        // The poll thread: waits for each submission it is given, as ours does.
+        let (poll_tx, poll_rx) = mpsc::channel::<wgpu::SubmissionIndex>();
+        let poll_device = raw.device.clone();
+        scope.spawn(move || {
+            while let Ok(index) = poll_rx.recv() {
+                let _ = poll_device.poll(wgpu::PollType::Wait {
+                    submission_index: Some(index),
+                    timeout: None,
+                });
+            }
+        });
+        // The submit thread: encodes and submits on request, replies with the index.
+        let (submit_tx, submit_rx) = mpsc::channel::<mpsc::SyncSender<wgpu::SubmissionIndex>>();
+        let (device, queue) = (raw.device.clone(), raw.queue.clone());
+        let encode_on_thread = encode;
+        scope.spawn(move || {
+            while let Ok(reply) = submit_rx.recv() {
+                let index = queue.submit([encode_on_thread(&device)]);
+                let _ = reply.send(index);
+            }
+        });
+        let submit_there = || {
+            let (tx, rx) = mpsc::sync_channel(1);
+            submit_tx.send(tx).expect("submit thread");
+            rx.recv().expect("submit thread")
+        };
+        for _ in 0..samples {
+            let s = Instant::now();
+            wait(raw.queue.submit([encode(&raw.device)]));
+            times[0].push(s.elapsed().as_secs_f64());
+            let s = Instant::now();
+            let index = raw.queue.submit([encode(&raw.device)]);
+            poll_tx.send(index.clone()).expect("poll thread");
+            wait(index);
+            times[1].push(s.elapsed().as_secs_f64());
+            let s = Instant::now();
+            wait(submit_there());
+            times[2].push(s.elapsed().as_secs_f64());
+            let s = Instant::now();
+            let index = submit_there();
+            poll_tx.send(index.clone()).expect("poll thread");
+            wait(index);
+            times[3].push(s.elapsed().as_secs_f64());
+        }
+        drop(poll_tx);
+        drop(submit_tx);
+    });
+    let quantile = |v: &mut Vec<f64>, q: f64| {
+        v.sort_by(f64::total_cmp);
+        v[((v.len() - 1) as f64 * q).round() as usize] * 1e6
+    };
+    let (raw_p50, raw_p99) = (quantile(&mut times[0], 0.5), quantile(&mut times[0], 0.99));
+    let mut rows = Vec::new();
+    for (variant, t) in [
+        "a poll thread also waiting",
+        "a submit thread",
+        "a submit thread and a poll thread",
+    ]
+    .into_iter()
+    .zip(times.iter_mut().skip(1))
+    {
+        let (p50, p99) = (quantile(t, 0.5), quantile(t, 0.99));
+        rows.push(Row::new(
+            BACKEND,
+            &format!("tail ablation: raw launch+sync with {variant}, p50"),
+            p50,
+            "us",
+            "plain raw wgpu p50, samples interleaved",
+            raw_p50,
+            Better::Lower,
+        ));
+        rows.push(Row::new(
+            BACKEND,
+            &format!("tail ablation: raw launch+sync with {variant}, p99"),
+            p99,
+            "us",
+            "plain raw wgpu p99, samples interleaved",
+            raw_p99,
+            Better::Lower,
+        ));
+    }
+    rows
 }
 
 fn launch(client: &ComputeClient<WgpuRuntime>, raw: &Raw) -> Vec<Row> {

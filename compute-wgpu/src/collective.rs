@@ -11,11 +11,14 @@
 //! groups that share memory).
 
 use compute_core::collective::{HostCollectives, HostRendezvous};
-use compute_core::future::Receiver;
+use compute_core::future::{DynFut, Receiver};
 use compute_core::memory::SliceId;
-use compute_core::{DeviceId, ElemType, ReduceOperation, ServerError};
+use compute_core::{Binding, DeviceId, ElemType, ReduceOperation, ServerError};
 
+use crate::device::device_count;
+use crate::server::WgpuServer;
 use crate::storage::WgpuResource;
+use crate::transfer::map_read;
 
 /// One device's part of an all-reduce, handed to the worker.
 pub(crate) struct Round {
@@ -122,4 +125,100 @@ fn run_round(round: Round, queue: &wgpu::Queue) -> Result<(), ServerError> {
     }
     queue.submit([]);
     Ok(())
+}
+
+impl WgpuServer {
+    /// The collective group `devices`, checked against this device and the device count.
+    pub(crate) fn check_group(&self, devices: &[DeviceId]) -> Result<Vec<DeviceId>, ServerError> {
+        compute_core::collective::check_group(devices, self.owner.device, device_count(), "wgpu")
+    }
+
+    /// `ensure_init_collective`: the group registered with the host rendezvous and this server.
+    pub(crate) fn init_collective(&mut self, devices: &[DeviceId]) -> Result<(), ServerError> {
+        let group = self.check_group(devices)?;
+        self.collectives.init(group);
+        Ok(())
+    }
+
+    /// `all_reduce`: stage this device's contribution (and the output's partly covered words)
+    /// and hand the round to the group's worker.
+    pub(crate) fn all_reduce_on_group(
+        &mut self,
+        src: Binding,
+        dst: Binding,
+        dtype: ElemType,
+        devices: Vec<DeviceId>,
+        op: ReduceOperation,
+    ) -> Result<(), ServerError> {
+        let group = self.check_group(&devices)?;
+        self.collectives
+            .check_all_reduce(&group, src.size(), dst.size(), dtype)?;
+        let source = self.resolve(&src)?;
+        let target = self.resolve(&dst)?;
+        let (staging, delta) = if source.size == 0 {
+            let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("compute-wgpu empty collective"),
+                size: 4,
+                usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            });
+            (staging, 0)
+        } else {
+            self.stage_read(&source, source.size)?
+        };
+        // The words the output covers only partly, read back with the contribution.
+        let (start, end) = (target.offset, target.offset + target.size);
+        let mut edge_words = Vec::new();
+        if target.size > 0 && !start.is_multiple_of(4) {
+            edge_words.push(start / 4 * 4);
+        }
+        if target.size > 0 && !end.is_multiple_of(4) && edge_words.last() != Some(&(end / 4 * 4)) {
+            edge_words.push(end / 4 * 4);
+        }
+        let mut edge_reads = Vec::with_capacity(edge_words.len());
+        for &at in &edge_words {
+            let word = WgpuResource {
+                buffer: target.buffer.clone(),
+                offset: at,
+                size: 4,
+            };
+            edge_reads.push((at, self.stage_read(&word, 4)?.0));
+        }
+        let index = self.submit_always()?;
+        let mapped = map_read(&staging);
+        let edges = edge_reads
+            .into_iter()
+            .map(|(at, staging)| crate::collective::EdgeWord {
+                at,
+                mapped: map_read(&staging),
+                staging,
+            })
+            .collect();
+        self.poller.wait(index, None);
+        let seq = self.collectives.next_round(&group, self.owner.device);
+        let round = Round {
+            mapped,
+            staging,
+            delta,
+            len: source.size,
+            group,
+            seq,
+            me: self.owner.device,
+            dtype,
+            op,
+            dst: target,
+            dst_slice: dst.handle().memory().id(),
+            edges,
+        };
+        crate::collective::submit(&mut self.collectives, &self.queue, round)
+    }
+
+    /// `sync_collective`: completes when every group worker has run the rounds issued so far.
+    pub(crate) fn sync_groups(&mut self) -> DynFut<Result<(), ServerError>> {
+        let rx = self.collectives.marker();
+        Box::pin(async move {
+            rx.await
+                .unwrap_or_else(|| Err(ServerError::Driver("the collective worker stopped".into())))
+        })
+    }
 }

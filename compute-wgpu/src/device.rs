@@ -1,8 +1,14 @@
-//! wgpu devices: the adapters of the process-wide instance, and the logical devices over them.
+//! wgpu devices: the adapters of the process-wide instance, the logical devices over them, and
+//! the properties a logical device reports.
 
 use std::sync::OnceLock;
 
-use compute_core::{Device, DeviceId};
+use compute_core::memory::MemoryDeviceProperties;
+use compute_core::{
+    Device, DeviceId, DeviceProperties, Features, HardwareProperties, TimingMethod,
+};
+
+use crate::compiler::ShaderCapabilities;
 
 /// The device type id of every wgpu device (ASCII `w`).
 ///
@@ -139,4 +145,64 @@ pub fn raw_device(device: WgpuDevice) -> Result<(wgpu::Device, wgpu::Queue), Str
         trace: wgpu::Trace::Off,
     });
     compute_core::block_on(request).map_err(|e| e.to_string())
+}
+
+/// The properties of logical device `index` on `adapter`, requested with `limits`.
+pub(crate) fn properties(
+    index: WgpuDevice,
+    adapter: &wgpu::AdapterInfo,
+    limits: &wgpu::Limits,
+    caps: ShaderCapabilities,
+    timestamps: bool,
+    alignment: u64,
+) -> DeviceProperties {
+    // Rounded down to the slice alignment: every size up to it allocates (the pools pad a
+    // request to the alignment, and a padded request must still fit one buffer).
+    let max_page = limits
+        .max_buffer_size
+        .min(limits.max_storage_buffer_binding_size)
+        / alignment
+        * alignment;
+    DeviceProperties {
+        name: format!(
+            "wgpu:{} {} ({:?})",
+            index.index, adapter.name, adapter.backend
+        ),
+        backend: "wgpu".into(),
+        memory: MemoryDeviceProperties {
+            max_page_size: max_page,
+            alignment,
+        },
+        memory_total: None,
+        hardware: HardwareProperties {
+            plane_size_min: adapter.subgroup_min_size,
+            plane_size_max: adapter.subgroup_max_size,
+            max_units_per_cube: limits.max_compute_invocations_per_workgroup,
+            max_cube_dim: [
+                limits.max_compute_workgroup_size_x,
+                limits.max_compute_workgroup_size_y,
+                limits.max_compute_workgroup_size_z,
+            ],
+            max_cube_count: [limits.max_compute_workgroups_per_dimension; 3],
+            max_shared_memory_bytes: u64::from(limits.max_compute_workgroup_storage_size),
+            num_compute_units: 1,
+            max_load_bytes: 16,
+            max_private_bytes_per_unit:
+                compute_core::properties::DEFAULT_MAX_PRIVATE_BYTES_PER_UNIT,
+        },
+        features: Features {
+            elem_types: caps.elem_types(),
+            plane_ops: caps.subgroups,
+            atomics: true,
+            graphs: true,
+            device_timestamps: timestamps,
+            collectives: true,
+        },
+        timing: if timestamps {
+            TimingMethod::Device
+        } else {
+            TimingMethod::Host
+        },
+        pitch_alignment: None,
+    }
 }

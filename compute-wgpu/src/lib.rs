@@ -28,12 +28,16 @@ mod batch;
 mod collective;
 pub mod compiler;
 mod device;
+mod graph;
 mod kernel;
+mod launch;
 mod poller;
+mod profile;
 mod runtime;
 mod server;
 mod storage;
 mod submitter;
+mod transfer;
 
 pub use device::{
     MIN_LOGICAL_DEVICES, WGPU_DEVICE_TYPE, WgpuDevice, adapter_count, availability, backends,

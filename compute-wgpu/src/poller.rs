@@ -118,3 +118,8 @@ impl Drop for Poller {
         }
     }
 }
+
+/// The error of a wait the poll thread stopped before answering.
+pub(crate) fn gone() -> ServerError {
+    ServerError::Driver("the wgpu poll thread stopped before answering".into())
+}

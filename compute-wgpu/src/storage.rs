@@ -1,7 +1,8 @@
-//! wgpu storage: one `wgpu::Buffer` per block.
+//! wgpu storage: one `wgpu::Buffer` per block, and the server's cache of resolved bindings.
 
-use compute_core::ServerError;
+use compute_core::memory::SliceId;
 use compute_core::storage::{ComputeStorage, StorageHandle, StorageId, StorageUtilization};
+use compute_core::{ServerError, StreamId};
 use hashbrown::HashMap;
 
 /// Usages of every storage block: bound to kernels, copied from and to, and read as an indirect
@@ -126,5 +127,45 @@ impl compute_core::storage::ResourceRange for WgpuResource {
 
     fn range_start(&self) -> u64 {
         self.offset
+    }
+}
+
+/// What a binding resolves to: a slice (ids are never reused) and the sub-range the handle views.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ResolveKey {
+    pub(crate) stream: StreamId,
+    pub(crate) slice: SliceId,
+    pub(crate) start: u64,
+    pub(crate) end: u64,
+}
+
+/// Resources of the last few bindings resolved, so that launches repeating their arguments skip
+/// the pool lookups. Sound because a slice keeps its storage for its whole life, slice ids are
+/// never reused, and a binding presented to the server keeps its slice alive. Cleared at every
+/// submission, so a cached block is not held past the batch that uses it.
+#[derive(Default)]
+pub(crate) struct ResolveCache {
+    entries: [Option<(ResolveKey, WgpuResource)>; 4],
+    next: usize,
+}
+
+impl ResolveCache {
+    pub(crate) fn get(&self, key: &ResolveKey) -> Option<WgpuResource> {
+        self.entries
+            .iter()
+            .flatten()
+            .find(|(k, _)| k == key)
+            .map(|(_, r)| r.clone())
+    }
+
+    pub(crate) fn insert(&mut self, key: ResolveKey, resource: WgpuResource) {
+        self.entries[self.next] = Some((key, resource));
+        self.next = (self.next + 1) % self.entries.len();
+    }
+
+    pub(crate) fn clear(&mut self) {
+        if self.entries.iter().any(Option::is_some) {
+            self.entries = Default::default();
+        }
     }
 }

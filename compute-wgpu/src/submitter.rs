@@ -10,16 +10,22 @@
 //! caller submitted the batch and wrote the buffer itself. A reader asks for the submission index
 //! and gets it once its batch is submitted ([`Submitter::submit_indexed`]); map requests are made
 //! after that, on the caller's side.
+//!
+//! The server's side of it is here too: the [`BatchLimit`] (when a batch is handed over on its
+//! own), the server's submit helpers, waiting for a submission, and `sync`.
 
 use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, mpsc};
 
+use compute_core::future::DynFut;
 use compute_core::submit::{Spares, SubmitThread, SubmitWorker};
-use compute_core::{Bytes, ServerError};
+use compute_core::{Bytes, ServerError, StreamId};
 
-use crate::batch::{Batch, Encoder};
+use crate::batch::{Batch, Command, Encoder};
+use crate::launch::guard_error;
 use crate::poller::Waiter;
-use crate::server::ErrorQueue;
+use crate::server::{ErrorQueue, WgpuServer, ready};
+use crate::transfer::map_read;
 
 /// Jobs handed over at most before the server's thread waits for the submit thread: a bound on
 /// the recorded work (and host bytes of writes) in flight.
@@ -302,5 +308,165 @@ impl Worker {
             waiter.wait(index.clone());
         }
         index.map(Some)
+    }
+}
+
+/// Launches recorded before the batch is submitted on its own, on a GPU, the first time after
+/// the device was waited for: an early submission gets the device busy while the host records
+/// more.
+pub(crate) const FIRST_BATCH_DISPATCHES: usize = 64;
+
+/// The most launches a batch grows to: while the host keeps filling batches the device has work
+/// queued, and larger batches cost the host less per launch (one encoder, one submission).
+pub(crate) const MAX_BATCH_DISPATCHES: usize = 4096;
+
+/// How many launches a batch holds before it is submitted on its own.
+///
+/// On a GPU the limit starts at [`FIRST_BATCH_DISPATCHES`] and doubles with every batch
+/// submitted because it was full, up to [`MAX_BATCH_DISPATCHES`]; waiting for the device resets
+/// it. On a software adapter (lavapipe, WARP), where a submission waits on the host for the one
+/// before it to finish, it is always [`MAX_BATCH_DISPATCHES`]: submitting mid-stream would tie
+/// the host to the device. `COMPUTE_WGPU_MAX_BATCH` fixes it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct BatchLimit {
+    first: usize,
+    max: usize,
+    current: usize,
+}
+
+impl BatchLimit {
+    pub(crate) fn new(adapter: &wgpu::AdapterInfo) -> Self {
+        let fixed = compute_core::env::positive::<usize>("COMPUTE_WGPU_MAX_BATCH");
+        let (first, max) = match fixed {
+            Some(n) => (n, n),
+            None if adapter.device_type == wgpu::DeviceType::Cpu => {
+                (MAX_BATCH_DISPATCHES, MAX_BATCH_DISPATCHES)
+            }
+            None => (FIRST_BATCH_DISPATCHES, MAX_BATCH_DISPATCHES),
+        };
+        Self {
+            first,
+            max,
+            current: first,
+        }
+    }
+
+    pub(crate) fn grow(&mut self) {
+        self.current = (2 * self.current).min(self.max);
+    }
+
+    pub(crate) fn reset(&mut self) {
+        self.current = self.first;
+    }
+}
+
+/// Block (in the driver, not spinning) until submission `index` has completed.
+pub(crate) fn wait_for(
+    device: &wgpu::Device,
+    index: wgpu::SubmissionIndex,
+) -> Result<(), ServerError> {
+    device
+        .poll(wgpu::PollType::Wait {
+            submission_index: Some(index),
+            timeout: None,
+        })
+        .map(|_| ())
+        .map_err(|e| ServerError::Driver(format!("waiting for the wgpu device: {e}")))
+}
+
+impl WgpuServer {
+    /// Hand the batch, if it holds anything, to the submit thread (which encodes and submits it)
+    /// and start a new one. No error scope (it would cost every submission a round trip):
+    /// validation errors reach the device's uncaptured-error handler, and submission errors the
+    /// error queue, reported at the next flush, sync or read.
+    pub(crate) fn submit(&mut self) -> Result<(), ServerError> {
+        // The cached resources hold their blocks: let go of them at every submission.
+        self.resolved.clear();
+        if self.batch.is_empty() {
+            return Ok(());
+        }
+        let batch = core::mem::replace(&mut self.batch, self.submitter.fresh_batch());
+        self.submitter.submit(batch)
+    }
+
+    /// Hand the batch over and wait until it is submitted: its submission index (with `always`,
+    /// an empty submission's when nothing was recorded, which also flushes pending writes).
+    pub(crate) fn submit_indexed(
+        &mut self,
+        always: bool,
+    ) -> Result<Option<wgpu::SubmissionIndex>, ServerError> {
+        self.resolved.clear();
+        let batch = if self.batch.is_empty() {
+            Batch::default()
+        } else {
+            core::mem::replace(&mut self.batch, self.submitter.fresh_batch())
+        };
+        self.submitter.submit_indexed(batch, always)
+    }
+
+    /// The device is about to be waited for: the next batch starts small again, so that the
+    /// device gets work early (see [`BatchLimit`]).
+    pub(crate) fn idle(&mut self) {
+        self.batch_limit.reset();
+    }
+
+    /// Submit the batch (or an empty submission, which also flushes pending `write_buffer`s)
+    /// and return its index. The caller waits for the submission: the batch limit starts over.
+    pub(crate) fn submit_always(&mut self) -> Result<wgpu::SubmissionIndex, ServerError> {
+        self.idle();
+        self.submit_indexed(true)?.ok_or_else(|| {
+            ServerError::Driver("the wgpu submit thread returned no submission".into())
+        })
+    }
+
+    /// Record a command other than a launch.
+    pub(crate) fn push(&mut self, command: Command) {
+        self.batch.commands.push(command);
+    }
+
+    /// Submit the batch if it holds as many launches as the current limit allows.
+    pub(crate) fn submit_if_full(&mut self) -> Result<(), ServerError> {
+        if self.batch.dispatches >= self.batch_limit.current {
+            self.submit()?;
+            self.batch_limit.grow();
+        }
+        Ok(())
+    }
+
+    /// `sync`: submit everything recorded, then wait on the caller's thread for it (and the
+    /// indirect guard's status) and report the first queued error.
+    pub(crate) fn sync_stream(&mut self, stream: StreamId) -> DynFut<Result<(), ServerError>> {
+        if let Err(e) = self.ensure_not_capturing(stream, "sync") {
+            return ready(Err(e));
+        }
+        let guard = self.stage_guard_status();
+        let index = match self.submit_always() {
+            Ok(index) => index,
+            Err(e) => return ready(Err(e)),
+        };
+        if let Err(e) = self.submitter.prune() {
+            return ready(Err(e));
+        }
+        let guard = guard.map(|staging| {
+            let mapped = map_read(&staging);
+            (staging, mapped)
+        });
+        let maximum = self.properties.hardware.max_cube_count;
+        let device = self.device.clone();
+        let errors = self.errors.clone();
+        Box::pin(async move {
+            // Waited for here, on the caller's thread, not through the poll thread: one thread
+            // hop less per sync. The wait blocks in the driver; it does not spin.
+            wait_for(&device, index)?;
+            if let Some((staging, mapped)) = guard
+                && let Some(e) = guard_error(staging, mapped, maximum).await?
+            {
+                errors.lock().push_back(e);
+            }
+            match compute_core::error::take_first(&mut errors.lock()) {
+                Some(e) => Err(e),
+                None => Ok(()),
+            }
+        })
     }
 }

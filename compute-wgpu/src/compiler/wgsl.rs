@@ -1,4 +1,11 @@
 //! The WGSL code generator.
+//!
+//! Why one file above 800 lines: the generator is one walk over the IR (statements, then the
+//! expressions in them, each op lowered where it is met) sharing one emitter state ([`Gen`]: the
+//! output, the info layout, the atomic buffers, the temporaries and the helper functions to
+//! emit), and the emulation of what WGSL lacks (narrow and bf16 types in 32-bit words, 8- and
+//! 16-component items, f64 math) is woven into that walk. Split by op kind, every part would
+//! reach into the same state, and reading one op's lowering would mean reading several files.
 
 use core::fmt::Write as _;
 

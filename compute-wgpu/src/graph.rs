@@ -1,0 +1,28 @@
+//! Graphs: a capture records the stream's launches (pipelines, bound ranges and launch info, as
+//! they would be submitted, with the bindings they use); a replay appends them to the batch again
+//! in order, on the capture's stream.
+
+use std::sync::Arc;
+
+use compute_core::graph::GraphId;
+use compute_core::{ServerError, StreamId};
+
+use crate::batch::{Dispatch, DispatchCount};
+use crate::server::WgpuServer;
+
+/// A captured graph: the launches it replays.
+pub(crate) type WgpuGraph = Vec<Arc<Dispatch>>;
+
+impl WgpuServer {
+    /// `graph_replay`: append the graph's launches to the batch, as launches issued now.
+    pub(crate) fn replay(&mut self, graph: GraphId, stream: StreamId) -> Result<(), ServerError> {
+        self.ensure_not_capturing(stream, "graph replay")?;
+        let launches = self.graphs.for_replay(graph, stream)?.clone();
+        for launch in &launches {
+            self.guard_unread |= matches!(launch.count, DispatchCount::Dynamic { .. });
+            self.batch.push_dispatch(launch);
+            self.submit_if_full()?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,353 @@
+//! Kernel launches: the pipeline cache (IR compiled to WGSL, one pipeline per kernel and
+//! bounds-check mode), the bindings and launch info of a launch, the launch checks, and the guard
+//! of indirect launches (a dynamic cube count over the device's limits, recorded on the device
+//! and read back by the next sync or read).
+
+use std::sync::Arc;
+
+use compute_core::error::LaunchError;
+use compute_core::handle::BufferArgument;
+use compute_core::{Binding, CubeCount, ExecutionMode, KernelArguments, ServerError, StreamId};
+
+use crate::batch::{BoundBuffer, Command, Dispatch, DispatchCount, GUARD_STATUS_BYTES, Pipeline};
+use crate::compiler::{self, HEADER_WORDS};
+use crate::kernel::WgpuKernel;
+use crate::poller::gone;
+use crate::server::WgpuServer;
+use crate::storage::WgpuResource;
+
+fn saturate(x: u64) -> u32 {
+    u32::try_from(x).unwrap_or(u32::MAX)
+}
+
+/// The error of the over-limit count the guard recorded in `staging` (a copy of its status,
+/// mapped by `mapped`), if it recorded one.
+pub(crate) async fn guard_error(
+    staging: wgpu::Buffer,
+    mapped: compute_core::future::Receiver<Result<(), wgpu::BufferAsyncError>>,
+    maximum: [u32; 3],
+) -> Result<Option<ServerError>, ServerError> {
+    mapped
+        .await
+        .ok_or_else(gone)?
+        .map_err(|e| ServerError::Driver(format!("mapping the indirect guard status: {e}")))?;
+    let status: [u32; 4] = {
+        let view = staging
+            .slice(..)
+            .get_mapped_range()
+            .map_err(|e| ServerError::Driver(format!("reading the indirect guard status: {e}")))?;
+        bytemuck::pod_read_unaligned(&view[..16])
+    };
+    staging.unmap();
+    Ok((status[0] != 0).then(|| {
+        compute_core::error::LaunchError::CubeCountTooLarge {
+            count: [status[1], status[2], status[3]],
+            maximum,
+        }
+        .into()
+    }))
+}
+
+impl WgpuServer {
+    /// `launch`: check the arguments and the count, and record the launch into the batch (or
+    /// into the stream's capture).
+    ///
+    /// # Safety
+    /// The contract of [`ComputeServer::launch`](compute_core::ComputeServer::launch).
+    pub(crate) unsafe fn launch_kernel(
+        &mut self,
+        kernel: WgpuKernel,
+        count: CubeCount,
+        arguments: KernelArguments,
+        mode: ExecutionMode,
+        stream: StreamId,
+    ) -> Result<(), ServerError> {
+        let def = &*kernel.definition;
+        // The kernel's own limits (cube dimensions, shared and private memory) are checked once,
+        // with the rest of the IR, when its pipeline is made.
+        def.check_arguments(&arguments)?;
+        count.check(&self.properties.hardware)?;
+        // Only a graph keeps the bindings (its launches outlive the caller's handles). A batch
+        // does not need them: a slice freed and reused after this launch is written by work
+        // issued later, which the one queue runs after this launch.
+        let capturing = self.stream(stream)?.capture.is_some();
+        let mut bindings: Vec<Binding> = Vec::new();
+        let (count, empty) = match count {
+            CubeCount::Static(x, y, z) => {
+                (DispatchCount::Static([x, y, z]), x == 0 || y == 0 || z == 0)
+            }
+            CubeCount::Dynamic(binding) => {
+                let resource = self.resolve(&binding)?;
+                bindings.push(binding);
+                // Recorded now or by a graph's replay: the guard's status is read from the next
+                // sync or read on (a replay sets this again).
+                self.guard_unread |= !capturing;
+                (
+                    DispatchCount::Dynamic {
+                        buffer: resource.buffer,
+                        offset: resource.offset,
+                    },
+                    false,
+                )
+            }
+        };
+        let checked = mode == ExecutionMode::Checked;
+        let pipeline = self.pipeline(&kernel, checked)?;
+        // The info words and bound buffers go straight into the batch's arenas (taken back on
+        // an error, moved into a graph's launch when capturing).
+        let words = self.batch.words.len();
+        let bound = self.batch.buffers.len();
+        let built = self.build_launch(
+            def,
+            &pipeline,
+            arguments,
+            capturing.then_some(&mut bindings),
+        );
+        if let Err(e) = built {
+            self.batch.words.truncate(words);
+            self.batch.buffers.truncate(bound);
+            return Err(e);
+        }
+        if capturing {
+            let dispatch = Arc::new(Dispatch {
+                pipeline,
+                buffers: self.batch.buffers.drain(bound..).collect(),
+                info: self.batch.words.drain(words..).collect(),
+                count,
+                _bindings: bindings,
+            });
+            if let Some(capture) = &mut self.stream(stream)?.capture
+                && !empty
+            {
+                capture.push(dispatch);
+            }
+            return Ok(());
+        }
+        if empty {
+            self.batch.words.truncate(words);
+            self.batch.buffers.truncate(bound);
+            return Ok(());
+        }
+        self.batch.push_launch(pipeline, words, bound, count);
+        self.submit_if_full()
+    }
+
+    /// When an indirect launch was recorded since the last look: record a copy of the guard's
+    /// status into a readback buffer and clear it, to be read once the batch completed (see
+    /// [`guard_error`]).
+    pub(crate) fn stage_guard_status(&mut self) -> Option<wgpu::Buffer> {
+        if !self.guard_unread {
+            return None;
+        }
+        self.guard_unread = false;
+        let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("compute-wgpu guard status readback"),
+            size: GUARD_STATUS_BYTES,
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        self.push(Command::Copy {
+            src: self.guard_status.clone(),
+            src_offset: 0,
+            dst: staging.clone(),
+            dst_offset: 0,
+            size: GUARD_STATUS_BYTES,
+        });
+        self.push(Command::Clear {
+            buffer: self.guard_status.clone(),
+            offset: 0,
+            size: GUARD_STATUS_BYTES,
+        });
+        Some(staging)
+    }
+
+    pub(crate) fn pipeline(
+        &mut self,
+        kernel: &WgpuKernel,
+        checked: bool,
+    ) -> Result<Arc<Pipeline>, ServerError> {
+        if let Some((id, c, found)) = &self.last_pipeline
+            && *id == kernel.id
+            && *c == checked
+        {
+            return Ok(found.clone());
+        }
+        if let Some(found) = self.pipelines.get(&(kernel.id, checked)) {
+            self.last_pipeline = Some((kernel.id, checked, found.clone()));
+            return Ok(found.clone());
+        }
+        let def = &kernel.definition;
+        def.validate(&self.properties.hardware)?;
+        let compiled = compiler::compile(def, self.caps, checked)?;
+        let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let module = self
+            .device
+            .create_shader_module(wgpu::ShaderModuleDescriptor {
+                label: Some(def.name()),
+                source: wgpu::ShaderSource::Wgsl(compiled.source.as_str().into()),
+            });
+        let count = def.buffers().len() as u32;
+        let entries: Vec<wgpu::BindGroupLayoutEntry> = (0..=count)
+            .map(|binding| wgpu::BindGroupLayoutEntry {
+                binding,
+                visibility: wgpu::ShaderStages::COMPUTE,
+                ty: wgpu::BindingType::Buffer {
+                    ty: wgpu::BufferBindingType::Storage {
+                        read_only: binding == count,
+                    },
+                    // The launch info sits in one buffer shared by every launch.
+                    has_dynamic_offset: binding == count,
+                    min_binding_size: None,
+                },
+                count: None,
+            })
+            .collect();
+        let layout = self
+            .device
+            .create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+                label: Some(def.name()),
+                entries: &entries,
+            });
+        let pipeline_layout = self
+            .device
+            .create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+                label: Some(def.name()),
+                bind_group_layouts: &[Some(&layout)],
+                immediate_size: 0,
+            });
+        let pipeline = self
+            .device
+            .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                label: Some(def.name()),
+                layout: Some(&pipeline_layout),
+                module: &module,
+                entry_point: Some("main"),
+                compilation_options: wgpu::PipelineCompilationOptions::default(),
+                cache: None,
+            });
+        if let Some(error) = compute_core::block_on(scope.pop()) {
+            return Err(ServerError::Compilation(format!(
+                "kernel `{}` on wgpu: {error}\n--- generated WGSL ---\n{}",
+                def.name(),
+                compiled.source
+            )));
+        }
+        let id = self.next_pipeline;
+        self.next_pipeline += 1;
+        let pipeline = Arc::new(Pipeline {
+            id,
+            name: def.name().to_string(),
+            pipeline,
+            layout,
+            info: compiled.info,
+            item_sizes: compiled.buffer_item_sizes,
+        });
+        self.pipelines
+            .insert((kernel.id, checked), pipeline.clone());
+        Ok(pipeline)
+    }
+
+    /// The range a launch binds for a buffer argument, and its header words.
+    pub(crate) fn bind(
+        &self,
+        resource: WgpuResource,
+        item: u64,
+        name: &str,
+    ) -> Result<(BoundBuffer, u32, u32), ServerError> {
+        // Both are powers of two (WebGPU's offset alignment, items of 1-8 byte elements times
+        // 1-16 components): masks and shifts, no division on the launch path.
+        let align = u64::from(self.info.limits.min_storage_buffer_offset_alignment).max(4);
+        let bind_offset = resource.offset & !(align - 1);
+        let delta = resource.offset - bind_offset;
+        let per_item = |bytes: u64| {
+            if item.is_power_of_two() {
+                bytes >> item.trailing_zeros()
+            } else {
+                bytes / item
+            }
+        };
+        if per_item(delta) * item != delta {
+            return Err(LaunchError::MisalignedBuffer {
+                kernel: name.into(),
+                name: "argument".into(),
+                offset: resource.offset,
+                alignment: item,
+            }
+            .into());
+        }
+        let block = resource.buffer.size();
+        let mut size = (delta + resource.size).max(item).next_multiple_of(4);
+        if bind_offset + size > block {
+            size = (block - bind_offset) / 4 * 4;
+        }
+        let max = self.info.limits.max_storage_buffer_binding_size;
+        if size > max {
+            return Err(LaunchError::BindingTooLarge {
+                kernel: name.into(),
+                bytes: size,
+                maximum: max,
+                limit: "max_storage_buffer_binding_size",
+            }
+            .into());
+        }
+        Ok((
+            BoundBuffer {
+                buffer: resource.buffer,
+                offset: bind_offset,
+                size,
+            },
+            saturate(per_item(delta)),
+            saturate(per_item(resource.size)),
+        ))
+    }
+
+    /// Append the info words and bound buffers of a launch of `pipeline` to the batch's arenas;
+    /// the bindings go to `keep`, if given.
+    pub(crate) fn build_launch(
+        &mut self,
+        def: &compute_core::kernel::KernelDefinition,
+        pipeline: &Pipeline,
+        arguments: KernelArguments,
+        mut keep: Option<&mut Vec<Binding>>,
+    ) -> Result<(), ServerError> {
+        let layout = &pipeline.info;
+        let start = self.batch.words.len();
+        self.batch
+            .words
+            .resize(start + layout.fixed_words as usize, 0u32);
+        for (value, &offset) in arguments.scalars.iter().zip(&layout.scalar_offsets) {
+            let words = value.word_bits();
+            let at = start + offset as usize;
+            self.batch.words[at] = words[0];
+            if value.elem_type().size() == 8 {
+                self.batch.words[at + 1] = words[1];
+            }
+        }
+        for (
+            k,
+            BufferArgument {
+                binding,
+                shape,
+                strides,
+            },
+        ) in arguments.buffers.into_iter().enumerate()
+        {
+            let resource = self.resolve(&binding)?;
+            let (bound, base, len) = self.bind(resource, pipeline.item_sizes[k], def.name())?;
+            let header = start + (layout.header_offset + HEADER_WORDS * k as u32) as usize;
+            let words = &mut self.batch.words;
+            let meta = (words.len() - start) as u32;
+            words[header] = base;
+            words[header + 1] = len;
+            words[header + 2] = shape.rank() as u32;
+            words[header + 3] = meta;
+            words.extend(shape.iter().map(|&d| saturate(d as u64)));
+            words.extend(strides.iter().map(|&s| saturate(s as u64)));
+            self.batch.buffers.push(bound);
+            if let Some(keep) = keep.as_deref_mut() {
+                keep.push(binding);
+            }
+        }
+        Ok(())
+    }
+}

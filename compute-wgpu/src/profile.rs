@@ -1,0 +1,104 @@
+//! Profiles: two timestamps written into the batch around the profiled work, resolved and read
+//! back once it completed (device timing), or the host's clock around a sync where the device
+//! has no timestamp queries.
+
+use compute_core::future::DynFut;
+use compute_core::profile::{ProfileToken, device_profile, host_profile};
+use compute_core::{ComputeServer, ProfileDuration, ProfileError, ServerError, StreamId};
+
+use crate::batch::Command;
+use crate::poller::gone;
+use crate::server::{WgpuServer, ready};
+use crate::storage::WgpuResource;
+use crate::transfer::map_read;
+
+impl WgpuServer {
+    /// `profile_start`: a timestamp into the batch, when the device has timestamp queries.
+    pub(crate) fn start_profile(&mut self, stream: StreamId) -> Result<ProfileToken, ProfileError> {
+        self.ensure_not_capturing(stream, "profile")?;
+        let queries = if self.timestamps {
+            let set = self.device.create_query_set(&wgpu::QuerySetDescriptor {
+                label: Some("compute-wgpu profile"),
+                ty: wgpu::QueryType::Timestamp,
+                count: 2,
+            });
+            self.push(Command::Timestamp {
+                set: set.clone(),
+                index: 0,
+            });
+            Some(set)
+        } else {
+            None
+        };
+        Ok(self.profiles.start(queries))
+    }
+
+    /// `profile_end`: the closing timestamp, resolved and read back; the host's clock around a
+    /// sync without timestamp queries.
+    pub(crate) fn end_profile(
+        &mut self,
+        token: ProfileToken,
+        stream: StreamId,
+    ) -> DynFut<Result<ProfileDuration, ProfileError>> {
+        let (start, queries) = match self.profiles.end(token) {
+            Ok(p) => p,
+            Err(e) => return ready(Err(e)),
+        };
+        let Some(set) = queries else {
+            return host_profile(start, self.sync(stream));
+        };
+        let recorded = (|| {
+            self.push(Command::Timestamp {
+                set: set.clone(),
+                index: 1,
+            });
+            let size = 2 * u64::from(wgpu::QUERY_SIZE);
+            let resolve = self.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("compute-wgpu timestamps"),
+                size,
+                usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
+                mapped_at_creation: false,
+            });
+            self.push(Command::Resolve {
+                set,
+                count: 2,
+                dst: resolve.clone(),
+            });
+            let source = WgpuResource {
+                buffer: resolve,
+                offset: 0,
+                size,
+            };
+            let (staging, _) = self.stage_read(&source, size)?;
+            let index = self.submit_always()?;
+            Ok::<_, ServerError>((staging, index))
+        })();
+        let (staging, index) = match recorded {
+            Ok(r) => r,
+            Err(e) => return ready(Err(e.into())),
+        };
+        let mapped = map_read(&staging);
+        self.poller.wait(index, None);
+        let period = f64::from(self.queue.get_timestamp_period());
+        let errors = self.errors.clone();
+        Box::pin(async move {
+            mapped
+                .await
+                .ok_or_else(gone)?
+                .map_err(|e| ServerError::Driver(format!("mapping the timestamps: {e}")))?;
+            let ticks = {
+                let view = staging
+                    .slice(..)
+                    .get_mapped_range()
+                    .map_err(|e| ServerError::Driver(format!("reading the timestamps: {e}")))?;
+                let stamps: [u64; 2] = bytemuck::pod_read_unaligned(&view[..16]);
+                stamps[1].saturating_sub(stamps[0])
+            };
+            staging.unmap();
+            if let Some(e) = compute_core::error::take_first(&mut errors.lock()) {
+                return Err(e.into());
+            }
+            Ok(device_profile(ticks, period))
+        })
+    }
+}

@@ -70,28 +70,6 @@ fn registry() -> MutexGuard<'static, Comms> {
         .unwrap_or_else(|p| p.into_inner())
 }
 
-/// Keep NVLink multicast (NVLS) off: it can put the host's shared GPUs out of service.
-///
-/// This is the one place the library writes the process environment, and only when the user
-/// has not set `NCCL_NVLS_ENABLE` (a value of theirs, `1` included, is left alone). NCCL offers
-/// no other switch in the versions cudarc 0.19 binds (up to 2.30): no `ncclConfig_t` field turns
-/// NVLS off (`nvlsCTAs` only sizes its channels, and NCCL refuses a value <= 0 as an invalid
-/// argument; `collnetEnable` is CollNet, not NVLS), the `ncclParam*` API only reads parameters,
-/// and `NCCL_CONF_FILE` is itself a variable. `ncclCommInitAll`, the one-process path, takes no
-/// config at all.
-pub(crate) fn disable_nvls() {
-    static ONCE: OnceLock<()> = OnceLock::new();
-    ONCE.get_or_init(|| {
-        // Only when unset: the user's own choice wins, and the environment is written at most
-        // once, before the first communicator (NCCL reads the variable when it initialises).
-        if std::env::var_os("NCCL_NVLS_ENABLE").is_none() {
-            // SAFETY: set once, before NCCL is first loaded, from the thread creating a
-            // communicator; the runtime reads no other environment variable concurrently.
-            unsafe { std::env::set_var("NCCL_NVLS_ENABLE", "0") };
-        }
-    });
-}
-
 fn nccl_error(what: &str, e: nccl::NcclError) -> ServerError {
     ServerError::Driver(format!("{what}: {e:?}"))
 }
@@ -215,7 +193,9 @@ pub(crate) fn communicator(
             "libnccl not found: collectives need NCCL".into(),
         ));
     }
-    disable_nvls();
+    // NCCL is configured by its own environment (`NCCL_*`), which the runtime leaves to the
+    // user: it writes no environment variable. Hosts that must keep NVLink multicast off set
+    // `NCCL_NVLS_ENABLE=0` themselves (no `ncclConfig_t` field turns NVLS off).
     let created = match compute_core::collective::world::world() {
         Some(world) => init_world(world, group, rank)?,
         None => init_local(group)?,

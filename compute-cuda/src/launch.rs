@@ -15,7 +15,7 @@ use crate::kernel::CudaKernel;
 use crate::server::CudaServer;
 
 /// Bytes of one launch parameter slot (the biggest parameter is a `Meta`).
-const SLOT_WORDS: usize = META_BYTES.div_ceil(8);
+pub(crate) const SLOT_WORDS: usize = META_BYTES.div_ceil(8);
 
 fn meta_slot(shape: &[usize], strides: &[usize]) -> Result<[u64; SLOT_WORDS], ServerError> {
     if shape.len() > MAX_RANK || strides.len() != shape.len() {
@@ -121,8 +121,10 @@ impl CudaServer {
             .into());
         }
         let layout = &compiled.layout;
-        let mut slots: Vec<[u64; SLOT_WORDS]> =
-            Vec::with_capacity(2 * layout.buffers + layout.meta.len() + layout.scalars.len());
+        // The slots of the last launch, emptied: no allocation once their capacity suffices.
+        let mut slots = core::mem::take(&mut self.launch_slots);
+        slots.clear();
+        slots.reserve(2 * layout.buffers + layout.meta.len() + layout.scalars.len());
         for (arg, decl) in arguments.buffers.iter().zip(definition.buffers()) {
             let resource = self.resolve(&arg.binding)?;
             let item = decl.item().size() as u64;
@@ -181,6 +183,8 @@ impl CudaServer {
         }
         .result()
         .check("cuLaunchKernel")?;
+        drop(params);
+        self.launch_slots = slots;
         self.mark(stream, &bindings, None)
     }
 }

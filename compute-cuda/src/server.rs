@@ -71,6 +71,9 @@ pub struct CudaServer {
     pub(crate) issue_errors: IssueError,
     pub(crate) issue_error: Option<ServerError>,
     pub(crate) kernels: HashMap<(KernelId, bool), Arc<CompiledKernel>>,
+    /// The launch parameter slots of the last launch, kept for their capacity: a launch packs
+    /// its parameters without allocating.
+    pub(crate) launch_slots: Vec<[u64; crate::launch::SLOT_WORDS]>,
     pub(crate) graphs: Graphs<CudaGraph>,
     pub(crate) profiles: HashMap<u64, Raw<sys::CUevent>>,
     pub(crate) next_profile: u64,
@@ -125,6 +128,7 @@ impl CudaServer {
             issue_errors: IssueError::default(),
             issue_error: None,
             kernels: HashMap::new(),
+            launch_slots: Vec::new(),
             graphs: Graphs::default(),
             profiles: HashMap::new(),
             next_profile: 1,

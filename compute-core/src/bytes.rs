@@ -19,6 +19,9 @@
 //! design). Alignment: the runtime's own buffers are aligned to [`HOST_ALIGNMENT`]; bytes from a
 //! `Vec` or a `bytes::Bytes` keep their own alignment, so [`Bytes::as_elems`] may return `None`
 //! for them where [`Bytes::to_elems`] (a copy) always works.
+//!
+//! Size: one type with several storage kinds; each kind's accessors sit with the others so the
+//! contract of `Bytes` reads in one place; the rest is its unit tests.
 
 use std::alloc::Layout;
 use std::path::PathBuf;

@@ -1,4 +1,7 @@
 //! [`ComputeClient`]: the entry point through which frameworks use a device.
+//!
+//! Size: the client implements the whole `ComputeClient` spec, method by method in the spec's
+//! order; each method is short and delegates to the server.
 
 use core::future::Future;
 use core::time::Duration;

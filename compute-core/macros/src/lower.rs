@@ -5,6 +5,9 @@
 //! What is known here, statically, is what every name is (a buffer, a variable, a value, a
 //! build-time value, or a Rust item such as a `const`) and whether an expression depends on the
 //! unit (`runtime`): an `if` or `while` on build-time values only is decided while building.
+//!
+//! Size: one arm per Rust statement and expression form the kernel macro accepts; they share
+//! the lowering context and read best side by side.
 
 use std::collections::HashMap;
 

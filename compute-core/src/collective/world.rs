@@ -14,6 +14,9 @@
 //! every rank's socket. Rank 0 waits at most the timeout for a rank; the others wait at most twice
 //! the timeout for rank 0's answer (so that they get its verdict rather than a timeout of their
 //! own). A communicator that failed stays failed: its later rounds return the same error.
+//!
+//! Size: the environment rendezvous, the TCP store and the TCP all-reduce form one protocol;
+//! their framing and timeouts are shared, and a third of the file is its tests.
 
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};

@@ -1,4 +1,7 @@
 //! The builder that writes kernels in Rust.
+//!
+//! Size: one method per IR operation a kernel can build; each is short and they share the
+//! builder's SSA state.
 
 use core::sync::atomic::{AtomicU32, Ordering};
 

@@ -4,6 +4,8 @@
 //! to integer, NaN to 0, round-to-nearest integer to float), bit casts and select.
 //!
 //! Integer results are compared exactly.
+//!
+//! Size: a test file; each test is one operation family over every integer type.
 
 use compute_core::kernel::{BinaryOp, CmpOp, KernelBuilder, ScalarValue, UnaryOp};
 use compute_core::{ComputeClient, Elem, ElemType, KernelArguments, Runtime};

@@ -38,9 +38,9 @@
 
 mod select;
 
-pub use select::{BACKEND_ENV, Backend, BackendError, BackendStatus, Choice, RunOn};
 pub use compute_core;
 pub use compute_core::*;
+pub use select::{BACKEND_ENV, Backend, BackendError, BackendStatus, Choice, RunOn};
 
 /// The CPU backend (feature `cpu`).
 #[cfg(feature = "cpu")]

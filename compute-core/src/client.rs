@@ -22,7 +22,9 @@ use crate::handle::{
     CopyDescriptor, CubeCount, ExecutionMode, Handle, HandleOwner, KernelArguments,
 };
 use crate::layout::{MemoryLayout, MemoryLayoutDescriptor, Shape, contiguous_strides};
-use crate::memory::{MemoryAllocationMode, MemoryPoolsConfig, MemoryUsage, SliceHandle};
+use crate::memory::{
+    HostMemoryUsage, MemoryAllocationMode, MemoryPoolsConfig, MemoryUsage, SliceHandle,
+};
 use crate::profile::ProfileDuration;
 use crate::properties::{DeviceProperties, Features, VectorSize};
 use crate::runtime::Runtime;
@@ -1047,6 +1049,13 @@ impl<R: Runtime> ComputeClient<R> {
                     Ok(acc.combine(s.memory_usage(id)?))
                 })
         })
+    }
+
+    /// The host memory the device's server keeps for transfers: staging buffers, readback
+    /// buffers and pinned pools ([`HostMemoryUsage`]), which [`memory_usage`](Self::memory_usage)
+    /// (the device pools) leaves out.
+    pub fn host_memory_usage(&self) -> HostMemoryUsage {
+        self.with_server(|s| s.host_memory_usage())
     }
 
     /// Memory usage of this client's stream only (the pools `memory_cleanup` acts on).

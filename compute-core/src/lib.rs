@@ -56,7 +56,7 @@ pub use handle::{
     Binding, BufferArgument, CopyDescriptor, CubeCount, ExecutionMode, Handle, KernelArguments,
 };
 pub use layout::{MemoryLayout, MemoryLayoutDescriptor, MemoryLayoutPolicy, Shape, Strides};
-pub use memory::{MemoryAllocationMode, MemoryPoolsConfig, MemoryUsage};
+pub use memory::{HostMemoryUsage, MemoryAllocationMode, MemoryPoolsConfig, MemoryUsage};
 pub use profile::{ProfileDuration, TimingMethod};
 pub use properties::{DeviceProperties, Features, HardwareProperties, VectorSize};
 pub use runtime::Runtime;

@@ -17,7 +17,9 @@ use crate::handle::{
 };
 use crate::kernel::KernelDefinition;
 use crate::layout::{MemoryLayout, MemoryLayoutDescriptor};
-use crate::memory::{MemoryAllocationMode, MemoryPoolsConfig, MemoryUsage, PoolConfigError};
+use crate::memory::{
+    HostMemoryUsage, MemoryAllocationMode, MemoryPoolsConfig, MemoryUsage, PoolConfigError,
+};
 use crate::profile::{ProfileDuration, ProfileToken};
 use crate::properties::DeviceProperties;
 use crate::storage::ComputeStorage;
@@ -131,6 +133,11 @@ pub trait ComputeServer: Send + Sized + 'static {
 
     /// Release free pages of `stream`'s pools.
     fn memory_cleanup(&mut self, stream: StreamId);
+
+    /// The host memory this server keeps for transfers (staging, readback, pinned pools), over
+    /// all its streams. A backend without such memory (the CPU, whose device memory is host
+    /// memory) reports zeros.
+    fn host_memory_usage(&mut self) -> HostMemoryUsage;
 
     /// Retire `stream`, which no client will use again (its thread exited, or the last client of
     /// a forked stream dropped): when nothing of its pools is in use (no live handle, no capture

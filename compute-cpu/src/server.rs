@@ -9,7 +9,9 @@ use compute_core::future::{DynFut, oneshot};
 use compute_core::graph::GraphId;
 use compute_core::handle::{HandleOwner, StreamPoint};
 use compute_core::kernel::KernelId;
-use compute_core::memory::{MemoryAllocationMode, MemoryPoolsConfig, MemoryUsage, PoolConfigError};
+use compute_core::memory::{
+    HostMemoryUsage, MemoryAllocationMode, MemoryPoolsConfig, MemoryUsage, PoolConfigError,
+};
 use compute_core::profile::{ProfileTable, ProfileToken};
 use compute_core::{
     Binding, Bytes, ComputeServer, CopyDescriptor, CubeCount, DeviceId, DeviceProperties, ElemType,
@@ -276,6 +278,12 @@ impl ComputeServer for CpuServer {
 
     fn memory_usage(&mut self, stream: StreamId) -> Result<MemoryUsage, ServerError> {
         Ok(self.stream(stream)?.memory.memory_usage())
+    }
+
+    fn host_memory_usage(&mut self) -> HostMemoryUsage {
+        // Device memory is host memory here: writes copy straight into the pools and a read
+        // copies into the `Bytes` it returns (the caller's); nothing is staged.
+        HostMemoryUsage::default()
     }
 
     fn memory_cleanup(&mut self, stream: StreamId) {

@@ -124,6 +124,18 @@ impl SliceHandle {
     }
 }
 
+/// Host memory a server keeps for its transfers, outside the device pools: staging buffers of
+/// writes, readback buffers of reads, pinned host pools. What a read returns belongs to the
+/// caller and is not counted.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HostMemoryUsage {
+    /// Bytes of host (or host-visible staging) memory the server holds, in use or kept for
+    /// reuse.
+    pub bytes_reserved: u64,
+    /// Of those, bytes that transfers still in flight occupy.
+    pub bytes_in_use: u64,
+}
+
 /// Memory figures of one manager (or, combined, of several).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MemoryUsage {

@@ -18,13 +18,13 @@ use compute_core::{Binding, DeviceId, ElemType, ReduceOperation, ServerError};
 use crate::device::device_count;
 use crate::server::WgpuServer;
 use crate::storage::WgpuResource;
-use crate::transfer::map_read;
+use crate::transfer::{Staging, map_read};
 
 /// One device's part of an all-reduce, handed to the worker.
 pub(crate) struct Round {
     /// Completes when `staging` holds the contribution.
     pub(crate) mapped: Receiver<Result<(), wgpu::BufferAsyncError>>,
-    pub(crate) staging: wgpu::Buffer,
+    pub(crate) staging: Staging,
     pub(crate) delta: u64,
     pub(crate) len: u64,
     pub(crate) group: Vec<DeviceId>,
@@ -48,7 +48,7 @@ pub(crate) struct EdgeWord {
     /// Byte offset of the word in the output's buffer.
     pub(crate) at: u64,
     pub(crate) mapped: Receiver<Result<(), wgpu::BufferAsyncError>>,
-    pub(crate) staging: wgpu::Buffer,
+    pub(crate) staging: Staging,
 }
 
 /// The collective state of one server: compute-core's bookkeeping, with a worker per group.
@@ -156,13 +156,7 @@ impl WgpuServer {
         let source = self.resolve(&src)?;
         let target = self.resolve(&dst)?;
         let (staging, delta) = if source.size == 0 {
-            let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
-                label: Some("compute-wgpu empty collective"),
-                size: 4,
-                usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-                mapped_at_creation: false,
-            });
-            (staging, 0)
+            (self.readback_buffer("compute-wgpu empty collective", 4), 0)
         } else {
             self.stage_read(&source, source.size)?
         };

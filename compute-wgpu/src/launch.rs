@@ -15,6 +15,7 @@ use crate::kernel::WgpuKernel;
 use crate::poller::gone;
 use crate::server::WgpuServer;
 use crate::storage::WgpuResource;
+use crate::transfer::Staging;
 
 fn saturate(x: u64) -> u32 {
     u32::try_from(x).unwrap_or(u32::MAX)
@@ -23,7 +24,7 @@ fn saturate(x: u64) -> u32 {
 /// The error of the over-limit count the guard recorded in `staging` (a copy of its status,
 /// mapped by `mapped`), if it recorded one.
 pub(crate) async fn guard_error(
-    staging: wgpu::Buffer,
+    staging: Staging,
     mapped: compute_core::future::Receiver<Result<(), wgpu::BufferAsyncError>>,
     maximum: [u32; 3],
 ) -> Result<Option<ServerError>, ServerError> {
@@ -135,21 +136,17 @@ impl WgpuServer {
     /// When an indirect launch was recorded since the last look: record a copy of the guard's
     /// status into a readback buffer and clear it, to be read once the batch completed (see
     /// [`guard_error`]).
-    pub(crate) fn stage_guard_status(&mut self) -> Option<wgpu::Buffer> {
+    pub(crate) fn stage_guard_status(&mut self) -> Option<Staging> {
         if !self.guard_unread {
             return None;
         }
         self.guard_unread = false;
-        let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("compute-wgpu guard status readback"),
-            size: GUARD_STATUS_BYTES,
-            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-            mapped_at_creation: false,
-        });
+        let staging =
+            self.readback_buffer("compute-wgpu guard status readback", GUARD_STATUS_BYTES);
         self.push(Command::Copy {
             src: self.guard_status.clone(),
             src_offset: 0,
-            dst: staging.clone(),
+            dst: staging.buffer().clone(),
             dst_offset: 0,
             size: GUARD_STATUS_BYTES,
         });

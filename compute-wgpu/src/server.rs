@@ -22,7 +22,9 @@ use compute_core::future::DynFut;
 use compute_core::graph::GraphId;
 use compute_core::handle::HandleOwner;
 use compute_core::kernel::KernelId;
-use compute_core::memory::{MemoryAllocationMode, MemoryPoolsConfig, MemoryUsage, PoolConfigError};
+use compute_core::memory::{
+    HostMemoryUsage, MemoryAllocationMode, MemoryPoolsConfig, MemoryUsage, PoolConfigError,
+};
 use compute_core::profile::{ProfileTable, ProfileToken};
 use compute_core::{
     Binding, Bytes, ComputeServer, CopyDescriptor, CubeCount, DeviceId, DeviceProperties, ElemType,
@@ -40,6 +42,7 @@ use crate::kernel::WgpuKernel;
 use crate::poller::Poller;
 use crate::storage::{ResolveCache, ResolveKey, WgpuResource, WgpuStorage};
 use crate::submitter::{BatchLimit, Submitter};
+use crate::transfer::StagingBytes;
 
 /// Errors raised outside a call (validation errors wgpu reports late, failed polls), waiting for
 /// the next flush, sync or read.
@@ -91,6 +94,8 @@ pub struct WgpuServer {
     /// Whether an indirect launch was recorded since the guard status was last read.
     pub(crate) guard_unread: bool,
     pub(crate) collectives: Collectives,
+    /// Bytes of the live readback buffers (see [`WgpuServer::host_memory`]).
+    pub(crate) staging_bytes: StagingBytes,
     /// Dropped before the poll thread: it holds one of its waiters.
     pub(crate) submitter: Submitter,
     pub(crate) poller: Poller,
@@ -192,6 +197,7 @@ impl WgpuServer {
             guard_status,
             guard_unread: false,
             collectives: Collectives::default(),
+            staging_bytes: StagingBytes::default(),
             submitter,
             poller,
         })
@@ -348,6 +354,14 @@ impl ComputeServer for WgpuServer {
 
     fn memory_usage(&mut self, stream: StreamId) -> Result<MemoryUsage, ServerError> {
         Ok(self.stream(stream)?.memory.memory_usage())
+    }
+
+    /// The live readback (`MAP_READ`) buffers of reads, syncs, profiles and collectives; none is
+    /// kept for reuse, so reserved equals in use, 0 once they all finished. The staging of
+    /// `queue.write_buffer` is wgpu's own and not counted (`host_memory` in transfer.rs says
+    /// what is and is not).
+    fn host_memory_usage(&mut self) -> HostMemoryUsage {
+        self.host_memory()
     }
 
     fn memory_cleanup(&mut self, stream: StreamId) {

@@ -1,11 +1,16 @@
 //! Host-to-device and device-to-host copies: `write`, `read`, `get_resource`, and the staging
 //! they go through. A write goes to `queue.write_buffer` on the submit thread, whole 4-byte words
 //! only (the words a write covers only partly are read back and merged first); a read records a
-//! copy into a staging buffer and maps it once its submission completed.
+//! copy into a staging buffer and maps it once its submission completed. Every `MAP_READ`
+//! readback buffer of the crate is a [`Staging`], counted for
+//! [`host_memory_usage`](compute_core::ComputeServer::host_memory_usage).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use compute_core::future::{DynFut, oneshot};
 use compute_core::layout::{contiguous_strides, for_each_row};
-use compute_core::{Binding, Bytes, CopyDescriptor, ServerError, StreamId};
+use compute_core::{Binding, Bytes, CopyDescriptor, HostMemoryUsage, ServerError, StreamId};
 
 use crate::batch::Command;
 use crate::launch::guard_error;
@@ -14,11 +19,53 @@ use crate::server::{WgpuServer, ready};
 use crate::storage::WgpuResource;
 use crate::submitter::{WritePart, wait_for};
 
+/// Bytes of the server's live readback buffers ([`Staging`]s), shared with the threads that drop
+/// them: read and profile futures (on the caller's thread), collective workers.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct StagingBytes(Arc<AtomicU64>);
+
+impl StagingBytes {
+    pub(crate) fn get(&self) -> u64 {
+        self.0.load(Ordering::Acquire)
+    }
+}
+
+/// A `MAP_READ | COPY_DST` readback buffer, counted in its server's [`StagingBytes`] from its
+/// creation ([`WgpuServer::readback_buffer`]) until it is dropped. The crate keeps none for
+/// reuse: each lives as long as the read (or sync, profile, collective round) it serves.
+pub(crate) struct Staging {
+    buffer: wgpu::Buffer,
+    counted: StagingBytes,
+}
+
+impl Staging {
+    /// The wgpu buffer (to record a copy into; the clone is not counted twice).
+    pub(crate) fn buffer(&self) -> &wgpu::Buffer {
+        &self.buffer
+    }
+}
+
+impl core::ops::Deref for Staging {
+    type Target = wgpu::Buffer;
+
+    fn deref(&self) -> &wgpu::Buffer {
+        &self.buffer
+    }
+}
+
+impl Drop for Staging {
+    fn drop(&mut self) {
+        self.counted
+            .0
+            .fetch_sub(self.buffer.size(), Ordering::AcqRel);
+    }
+}
+
 /// A part of a read: nothing to copy, or a staging buffer the bytes land in.
 pub(crate) enum ReadPart {
     Empty,
     Staged {
-        staging: wgpu::Buffer,
+        staging: Staging,
         mapped: compute_core::future::Receiver<Result<(), wgpu::BufferAsyncError>>,
         delta: usize,
         span: usize,
@@ -102,6 +149,48 @@ pub(crate) fn map_read(
 }
 
 impl WgpuServer {
+    /// A fresh readback buffer (`MAP_READ | COPY_DST`) of `size` bytes, counted in
+    /// [`host_memory`](Self::host_memory) until dropped.
+    pub(crate) fn readback_buffer(&self, label: &'static str, size: u64) -> Staging {
+        let buffer = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some(label),
+            size,
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        self.staging_bytes.0.fetch_add(size, Ordering::AcqRel);
+        Staging {
+            buffer,
+            counted: self.staging_bytes.clone(),
+        }
+    }
+
+    /// [`ComputeServer::host_memory_usage`](compute_core::ComputeServer::host_memory_usage):
+    /// the bytes of the server's live readback buffers ([`Staging`], `MAP_READ` memory the
+    /// driver keeps host visible) — those of reads whose future has not finished (one per
+    /// non-empty descriptor), of the indirect guard's status read by a sync or read, of the
+    /// partly covered words a write merges, of timestamp profiles, and of collective rounds
+    /// (dropped on their worker thread) — from their creation to their drop.
+    ///
+    /// The crate keeps no readback buffer beyond the transfer it serves (no pool), so
+    /// `bytes_reserved` equals `bytes_in_use`, and both are 0 once every read, profile and
+    /// collective round has finished. wgpu may free the memory of a dropped buffer only once
+    /// the GPU is done with a copy into it; that lag is not ours to see.
+    ///
+    /// Not counted: the staging of `queue.write_buffer` (wgpu's own internal staging belt, which
+    /// every write, the launch info and the collectives' outputs go through; this crate
+    /// allocates no `MAP_WRITE` buffer), the caller's `Bytes` of a write (held until the submit
+    /// thread copied them into `write_buffer`), the `Bytes` a read returns (the caller's), the
+    /// device-local timestamp resolve buffers, launch info and indirect count buffers, and the
+    /// device pools ([`memory_usage`](compute_core::ComputeServer::memory_usage)).
+    pub(crate) fn host_memory(&self) -> HostMemoryUsage {
+        let bytes = self.staging_bytes.get();
+        HostMemoryUsage {
+            bytes_reserved: bytes,
+            bytes_in_use: bytes,
+        }
+    }
+
     /// `write`: each write's whole words through `queue.write_buffer` on the submit thread, after
     /// the batch recorded before it; partly covered words merged with the buffer's contents.
     pub(crate) fn write_all(
@@ -295,17 +384,12 @@ impl WgpuServer {
         edges: &EdgeWords,
         data: &[u8],
     ) -> Result<Vec<(u64, [u8; 4])>, ServerError> {
-        let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("compute-wgpu partial words"),
-            size: 4 * edges.len() as u64,
-            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-            mapped_at_creation: false,
-        });
+        let staging = self.readback_buffer("compute-wgpu partial words", 4 * edges.len() as u64);
         for (k, &word) in edges.keys().enumerate() {
             self.push(Command::Copy {
                 src: buffer.clone(),
                 src_offset: word,
-                dst: staging.clone(),
+                dst: staging.buffer().clone(),
                 dst_offset: 4 * k as u64,
                 size: 4,
             });
@@ -344,22 +428,17 @@ impl WgpuServer {
         &mut self,
         source: &WgpuResource,
         len: u64,
-    ) -> Result<(wgpu::Buffer, u64), ServerError> {
+    ) -> Result<(Staging, u64), ServerError> {
         let start = source.offset / 4 * 4;
         let delta = source.offset - start;
         let size = (delta + len)
             .next_multiple_of(4)
             .min(source.buffer.size() - start);
-        let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("compute-wgpu readback"),
-            size,
-            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-            mapped_at_creation: false,
-        });
+        let staging = self.readback_buffer("compute-wgpu readback", size);
         self.push(Command::Copy {
             src: source.buffer.clone(),
             src_offset: start,
-            dst: staging.clone(),
+            dst: staging.buffer().clone(),
             dst_offset: 0,
             size,
         });

@@ -14,7 +14,9 @@ use compute_core::future::DynFut;
 use compute_core::graph::GraphId;
 use compute_core::handle::HandleOwner;
 use compute_core::kernel::KernelId;
-use compute_core::memory::{MemoryAllocationMode, MemoryPoolsConfig, MemoryUsage, PoolConfigError};
+use compute_core::memory::{
+    HostMemoryUsage, MemoryAllocationMode, MemoryPoolsConfig, MemoryUsage, PoolConfigError,
+};
 use compute_core::profile::ProfileToken;
 use compute_core::{
     Binding, Bytes, ComputeServer, CopyDescriptor, CubeCount, DeviceId, DeviceProperties, ElemType,
@@ -283,6 +285,13 @@ impl ComputeServer for CudaServer {
         }
         self.stream(stream)?;
         Ok(self.streams.memory_usage(stream))
+    }
+
+    /// The pinned host memory of the server's pool: staging ring slots, strided write staging,
+    /// buffers of reads not collected, and free buffers kept for reuse; not what a read returned
+    /// (the caller's). See [`CudaServer::host_memory`].
+    fn host_memory_usage(&mut self) -> HostMemoryUsage {
+        self.host_memory()
     }
 
     fn memory_cleanup(&mut self, stream: StreamId) {

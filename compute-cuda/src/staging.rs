@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use compute_core::copy::Stores;
-use compute_core::{Bytes, BytesKind, ServerError};
+use compute_core::{Bytes, BytesKind, HostMemoryUsage, ServerError};
 use cudarc::driver::{result, sys};
 
 use crate::driver::{Check, Context, Raw};
@@ -174,6 +174,22 @@ struct Closed {
 }
 
 impl Closed {
+    /// Whether every copy out of the slot completed, asked without blocking (a stream that
+    /// `capturing` names is not queried: the slot counts as busy).
+    fn completed(&self, capturing: &impl Fn(Raw<sys::CUstream>) -> bool) -> bool {
+        if let Some(issue) = &self.issue {
+            if !issue.is_done() {
+                return false;
+            }
+            if !issue.recorded.load(core::sync::atomic::Ordering::Acquire) {
+                // Never recorded (the issue failed): only the stream says.
+                return !capturing(self.stream) && stream_idle(self.stream);
+            }
+        }
+        // SAFETY: the event is the ring's and was recorded after the slot's last copy.
+        unsafe { result::event::query(self.event.0) }.is_ok()
+    }
+
     /// Block until every copy out of the slot completed; the event goes back to `events`.
     fn wait(self, events: &mut EventPool) -> Result<(), ServerError> {
         if let Some(issue) = &self.issue {
@@ -208,6 +224,11 @@ pub(crate) struct Issue {
 }
 
 impl Issue {
+    /// Whether the issue's driver calls were made (or failed).
+    fn is_done(&self) -> bool {
+        self.done.load(core::sync::atomic::Ordering::Acquire)
+    }
+
     fn wait(&self) {
         let mut spins = 0u32;
         while !self.done.load(core::sync::atomic::Ordering::Acquire) {
@@ -254,7 +275,7 @@ impl StagingRing {
     ) -> Result<(), ServerError> {
         while self.slots.len() < count {
             self.slots
-                .push((pinned.take(len.next_multiple_of(4096))?, None));
+                .push((pinned.take_held(len.next_multiple_of(4096))?, None));
         }
         Ok(())
     }
@@ -366,6 +387,37 @@ impl StagingRing {
         Ok((slot, 0))
     }
 
+    /// Pinned bytes (whole size classes) of the slots no copy may still read from, asked without
+    /// blocking: closed slots whose closing event completed, and the open slot once every piece
+    /// copied into it has its DMA enqueued (`issued`: no copy team job is still at it) and its
+    /// stream is idle. A stream that `capturing` names is never queried (a query of a capturing
+    /// stream invalidates its capture); a slot that would need it counts as busy.
+    pub(crate) fn idle_bytes(
+        &self,
+        issued: bool,
+        capturing: &impl Fn(Raw<sys::CUstream>) -> bool,
+    ) -> u64 {
+        self.slots
+            .iter()
+            .enumerate()
+            .filter(|(i, (_, closed))| match &self.open {
+                Some(open) if open.slot == *i => {
+                    issued && !capturing(open.stream) && stream_idle(open.stream)
+                }
+                _ => closed.as_ref().is_none_or(|c| c.completed(capturing)),
+            })
+            .map(|(_, (buffer, _))| buffer.reserved() as u64)
+            .sum()
+    }
+
+    /// Pinned bytes (whole size classes) of every slot.
+    pub(crate) fn reserved_bytes(&self) -> u64 {
+        self.slots
+            .iter()
+            .map(|(buffer, _)| buffer.reserved() as u64)
+            .sum()
+    }
+
     /// Wait for every slot's last copy and free the slots.
     pub(crate) fn release(&mut self, events: &mut EventPool) {
         if let Some(open) = self.open.take() {
@@ -384,6 +436,14 @@ impl StagingRing {
         }
         self.next = 0;
     }
+}
+
+/// Whether every command enqueued on `stream` so far completed (`cuStreamQuery`; an error counts
+/// as not idle). Never for a capturing stream.
+fn stream_idle(stream: Raw<sys::CUstream>) -> bool {
+    // SAFETY: the server's streams live as long as it; only reports the status.
+    let status = unsafe { sys::cuStreamQuery(stream.0) };
+    status == sys::CUresult::CUDA_SUCCESS
 }
 
 /// `dst.copy_from_slice(src)` on compute-core's copy team, then `then` (see
@@ -613,6 +673,63 @@ impl CudaServer {
         }
     }
 
+    /// [`ComputeServer::host_memory_usage`](compute_core::ComputeServer::host_memory_usage): the
+    /// pinned host memory of this server's [`PinnedPool`] (its own: no other server shares it),
+    /// in whole size classes as `cuMemHostAlloc` allocated them. Counted: the slots of the two
+    /// staging rings ([`StagingRing`], `staging` and `small_staging`), the pinned staging of
+    /// strided pageable writes, the buffers of reads whose future has not finished, and the free
+    /// buffers the pool keeps for reuse (at most 2 GiB; freed when the pool drops). Not counted:
+    /// what a read returned (a pinned buffer the caller holds; it is counted again, as free,
+    /// once dropped back into the pool), bytes the `staging` call moved into pinned memory and
+    /// buffers taken with [`PinnedPool::take`] (the caller's too, even while a write copies from
+    /// them), the driver's own staging of pageable copies, and the device pools
+    /// ([`memory_usage`](compute_core::ComputeServer::memory_usage)).
+    ///
+    /// `bytes_reserved` is all the server's pinned memory: what it holds plus the free buffers.
+    /// `bytes_in_use` is what it holds less the ring slots no copy may still read from (checked
+    /// with `cuEventQuery` / `cuStreamQuery`, without blocking): ring slots still being copied
+    /// into or read by a DMA, strided write staging whose copy is not seen complete yet, and
+    /// reads not collected. Completed work on streams that do not capture is retired first (when
+    /// no stream captures), so after a sync of every stream, with every read's future finished,
+    /// nothing is in use.
+    pub(crate) fn host_memory(&mut self) -> HostMemoryUsage {
+        let bound = self.context.bind().is_ok();
+        // Dropping what completed work kept alive may free pinned memory, which would
+        // invalidate a capture running on any stream of the device: not while one runs.
+        if bound && !self.streams.any_capturing() {
+            for (_, state) in self.streams.iter_mut() {
+                state.queue.retire_completed(&mut self.events);
+            }
+        }
+        let pool = self.pinned.usage();
+        let idle = if bound {
+            let streams = &self.streams;
+            let capturing = |raw: Raw<sys::CUstream>| {
+                streams
+                    .iter()
+                    .any(|(_, state)| state.capture.is_some() && state.queue.raw.0 == raw.0)
+            };
+            // Issues are made in order: once the last is done, every piece's DMA is enqueued.
+            let issued = self
+                .issuing
+                .as_ref()
+                .is_none_or(|(issue, _)| issue.is_done());
+            // Small writes are copied and enqueued on the server's thread.
+            self.staging.idle_bytes(issued, &capturing)
+                + self.small_staging.idle_bytes(true, &capturing)
+        } else {
+            0
+        };
+        debug_assert!(
+            self.staging.reserved_bytes() + self.small_staging.reserved_bytes() <= pool.held,
+            "the staging rings' slots are the server's pinned buffers"
+        );
+        HostMemoryUsage {
+            bytes_reserved: pool.cached + pool.held,
+            bytes_in_use: pool.held.saturating_sub(idle),
+        }
+    }
+
     /// `staging`: move `bytes` into pinned buffers (or, with `file_only`, read file-backed ones
     /// into memory); bytes that find no pinned memory stay pageable.
     pub(crate) fn stage_bytes(
@@ -632,6 +749,7 @@ impl CudaServer {
             }
             let pool = self.pinned.clone();
             let mut failure = None;
+            // The caller's bytes: `take` counts them as handed out, not as the server's.
             let moved = b.move_into(|len| match pool.take(len) {
                 Ok(buffer) => Some(Box::new(buffer) as Box<dyn compute_core::HostBuffer>),
                 Err(e) => {

@@ -223,7 +223,7 @@ impl CudaServer {
                 let ptr = bytes.try_as_slice()?.as_ptr().cast_mut();
                 (ptr, KeepAlive::Bytes(bytes))
             } else {
-                let mut staging = self.pinned.take(bytes.len())?;
+                let mut staging = self.pinned.take_held(bytes.len())?;
                 compute_core::HostBuffer::as_bytes_mut(&mut staging)
                     .copy_from_slice(bytes.try_as_slice()?);
                 (staging.as_ptr(), KeepAlive::Pinned(staging))
@@ -306,7 +306,7 @@ impl CudaServer {
                 outputs.push(None);
                 continue;
             }
-            let buffer = self.pinned.take(len)?;
+            let buffer = self.pinned.take_held(len)?;
             for block in row_blocks(&descriptor.shape, &descriptor.strides, descriptor.elem_size) {
                 // SAFETY: `buffer` is pinned, holds the compact tensor and lives in the future
                 // until the copy completed; the strided span fits the source (validated).
@@ -323,7 +323,11 @@ impl CudaServer {
             Ok(outputs
                 .into_iter()
                 .map(|b| match b {
-                    Some(buffer) => Bytes::from_host_buffer(Box::new(buffer)),
+                    Some(mut buffer) => {
+                        // From here on the caller's: no longer counted by `host_memory_usage`.
+                        buffer.hand_out();
+                        Bytes::from_host_buffer(Box::new(buffer))
+                    }
                     None => Bytes::from_vec(Vec::new()),
                 })
                 .collect())

@@ -345,3 +345,85 @@ fn a_second_process_compiles_nothing() {
         "every kernel came from the disk: {first:?} then {second:?}"
     );
 }
+
+/// `host_memory_usage` counts the server's pinned memory exactly: the small staging ring (8
+/// slots of 128 KiB) once a small write used it, the buffer of a read until its future finished
+/// (then the caller's, not counted, until it drops back into the pool as a free buffer), bytes
+/// `staging` moved into pinned memory only once the caller dropped them; after a sync nothing
+/// is in use, and a loop of large writes and reads reaches a plateau.
+#[test]
+fn host_memory_usage_counts_the_servers_pinned_memory() {
+    if cuda().is_none() {
+        return;
+    }
+    if std::env::var_os("COMPUTE_CUDA_STAGING").is_some() {
+        compute_core::env::report_reduced("COMPUTE_CUDA_STAGING set: the figures differ");
+        return;
+    }
+    let client = ComputeClient::<CudaRuntime>::isolated(&CudaDevice::default()).unwrap();
+    let sync = || compute_core::block_on(client.sync()).expect("sync");
+    let usage = || client.host_memory_usage();
+    let figures = |u: compute_core::HostMemoryUsage| (u.bytes_reserved, u.bytes_in_use);
+    assert_eq!(
+        figures(usage()),
+        (0, 0),
+        "a fresh server holds no pinned memory"
+    );
+    let ring = 8 * (128 << 10);
+    let small = client.create(Bytes::from_vec(vec![1u8; 4096]));
+    sync();
+    assert_eq!(
+        figures(usage()),
+        (ring, 0),
+        "the small ring, idle after a sync"
+    );
+    let pending = client.read_async(vec![small.clone()]);
+    let during = usage();
+    assert_eq!(during.bytes_reserved, ring + 4096, "{during:?}");
+    assert!(
+        (4096..=ring + 4096).contains(&during.bytes_in_use),
+        "the read's buffer is in use until its future finished: {during:?}"
+    );
+    let read = compute_core::block_on(pending).expect("read");
+    assert_eq!(
+        figures(usage()),
+        (ring, 0),
+        "what the read returned is the caller's"
+    );
+    drop(read);
+    assert_eq!(figures(usage()), (ring + 4096, 0), "dropped: free, kept");
+    let mut staged = Bytes::from_vec(vec![2u8; 64 << 10]);
+    client.staging([&mut staged].into_iter(), false);
+    client.flush().expect("staging");
+    assert_eq!(staged.kind(), compute_core::BytesKind::Pinned);
+    assert_eq!(
+        figures(usage()),
+        (ring + 4096, 0),
+        "staged bytes are the caller's"
+    );
+    drop(staged);
+    let base = ring + 4096 + (64 << 10);
+    assert_eq!(figures(usage()), (base, 0));
+    let mut at_two = None;
+    for step in 0..10 {
+        let h = client.create(Bytes::from_vec(vec![step as u8; 4 << 20]));
+        let back = client.read_one(h).expect("read");
+        assert!(back.iter().all(|&b| b == step as u8));
+        drop(back);
+        sync();
+        let u = usage();
+        assert_eq!(
+            u.bytes_in_use, 0,
+            "step {step}: nothing in use after a sync: {u:?}"
+        );
+        assert!(
+            u.bytes_reserved >= base + (8 << 20),
+            "step {step}: the large ring (at least one 4 MiB slot) and the 4 MiB read buffer: {u:?}"
+        );
+        match at_two {
+            None if step == 1 => at_two = Some(u),
+            Some(two) => assert_eq!(u, two, "step {step}: pinned memory grew"),
+            None => {}
+        }
+    }
+}

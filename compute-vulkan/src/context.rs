@@ -4,6 +4,7 @@
 
 use std::ffi::CStr;
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use ash::vk;
 use compute_core::ServerError;
@@ -85,6 +86,12 @@ pub(crate) struct Context {
     /// the pipeline in the application's pipeline cache.
     pub(crate) creation_feedback: bool,
     staging_pool: Mutex<Vec<RawStaging>>,
+    /// Bytes of every live staging buffer [`Context::take_staging`] allocated (handed out or
+    /// pooled), and of those, the ones handed out and not yet returned: atomics, since buffers
+    /// come back on whichever thread drops them (the server's, the recycler, a read's future,
+    /// the collective worker).
+    staging_bytes: AtomicU64,
+    staging_out: AtomicU64,
     /// The highest timeline value a wait of this process saw completed.
     known_completed: std::sync::atomic::AtomicU64,
 }
@@ -400,6 +407,8 @@ impl Context {
             subgroup_size,
             memory_total,
             staging_pool: Mutex::new(Vec::new()),
+            staging_bytes: AtomicU64::new(0),
+            staging_out: AtomicU64::new(0),
             known_completed: std::sync::atomic::AtomicU64::new(0),
         })
     }
@@ -668,12 +677,16 @@ impl Context {
                 .min_by_key(|(_, s)| s.size)
                 .map(|(i, _)| i);
             if let Some(i) = best {
-                return Ok(pool.swap_remove(i));
+                let staging = pool.swap_remove(i);
+                self.staging_out.fetch_add(staging.size, Ordering::AcqRel);
+                return Ok(staging);
             }
         }
         let size = size.max(1 << 16).next_power_of_two();
         let (buffer, memory, ptr) =
             self.alloc_buffer(size, STAGING_USAGE, self.staging_type, true)?;
+        self.staging_bytes.fetch_add(size, Ordering::AcqRel);
+        self.staging_out.fetch_add(size, Ordering::AcqRel);
         Ok(RawStaging {
             buffer,
             memory,
@@ -685,6 +698,7 @@ impl Context {
     /// Return a staging buffer no pending work uses any more.
     pub(crate) fn return_staging(&self, staging: RawStaging) {
         let mut pool = self.staging_pool.lock().unwrap_or_else(|p| p.into_inner());
+        self.staging_out.fetch_sub(staging.size, Ordering::AcqRel);
         let held: u64 = pool.iter().map(|s| s.size).sum();
         if held + staging.size <= STAGING_POOL_BYTES {
             pool.push(staging);
@@ -692,6 +706,7 @@ impl Context {
             drop(pool);
             // SAFETY: the caller's contract: no pending work uses it.
             unsafe { self.free_buffer(staging.buffer, staging.memory) };
+            self.staging_bytes.fetch_sub(staging.size, Ordering::AcqRel);
         }
     }
 
@@ -702,7 +717,22 @@ impl Context {
         for s in pooled {
             // SAFETY: pooled buffers are unused.
             unsafe { self.free_buffer(s.buffer, s.memory) };
+            self.staging_bytes.fetch_sub(s.size, Ordering::AcqRel);
         }
+    }
+
+    /// Host-visible staging memory of this device, as `(reserved, in use)` bytes: `reserved` is
+    /// every staging buffer [`Context::take_staging`] allocated and not freed yet (handed out or
+    /// pooled for reuse), `in use` the part handed out and not returned yet (held by the open
+    /// batch, a submission not yet recycled, a pending read, a collective round or a graph).
+    /// Sizes are the buffers' capacities (powers of two of at least 64 KiB), not the bytes
+    /// transferred.
+    pub(crate) fn staging_usage(&self) -> (u64, u64) {
+        // Read `out` first: a buffer returned and freed between the loads leaves `out` above
+        // `reserved` for a moment, which the `min` hides.
+        let out = self.staging_out.load(Ordering::Acquire);
+        let reserved = self.staging_bytes.load(Ordering::Acquire);
+        (reserved, out.min(reserved))
     }
 }
 

@@ -25,8 +25,8 @@ use compute_core::graph::GraphId;
 use compute_core::handle::HandleOwner;
 use compute_core::kernel::KernelId;
 use compute_core::memory::{
-    MemoryAllocationMode, MemoryDeviceProperties, MemoryPoolsConfig, MemoryUsage, PoolConfigError,
-    SliceId,
+    HostMemoryUsage, MemoryAllocationMode, MemoryDeviceProperties, MemoryPoolsConfig, MemoryUsage,
+    PoolConfigError, SliceId,
 };
 use compute_core::profile::{ProfileTable, ProfileToken};
 use compute_core::{
@@ -579,6 +579,12 @@ impl ComputeServer for VulkanServer {
         // Release what completed submissions kept (released graphs' buffers among them).
         self.recorder.recycle();
         Ok(self.stream(stream)?.memory.memory_usage())
+    }
+
+    /// The device's host-visible staging buffers (write and launch-info chunks, readback and
+    /// collective buffers, and the pool kept for reuse); see [`VulkanServer::host_memory`].
+    fn host_memory_usage(&mut self) -> HostMemoryUsage {
+        self.host_memory()
     }
 
     fn memory_cleanup(&mut self, stream: StreamId) {

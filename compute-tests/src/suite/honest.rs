@@ -57,7 +57,9 @@ pub fn honest_profile_scales_with_work<R: Runtime>(client: ComputeClient<R>) {
 
 /// A training-like loop on two streams (several sizes, a launch and a create each step, a read of
 /// the "loss" on one stream and a sync of the other at the end of every step, as a training loop
-/// does): in-use and reserved memory are the same at step 10 and at step 1,000.
+/// does): in-use and reserved memory are the same at step 10 and at step 1,000, for the device
+/// pools of both streams and for the host memory the server keeps for transfers (staging,
+/// readback and pinned buffers: `host_memory_usage`).
 ///
 /// The loop runs on a server of its own: the suite's other tests call `memory_cleanup` on the
 /// shared server, which returns the side stream's empty page (it holds nothing between steps)
@@ -98,12 +100,20 @@ pub fn honest_memory_plateau_over_a_training_loop<R: Runtime>(client: ComputeCli
         if step == 9 || step == 999 {
             sync(&main);
             sync(&side);
-            let figures = (usage(&main), usage(&side));
+            let figures = (usage(&main), usage(&side), main.host_memory_usage());
             if step == 9 {
                 at_ten = Some(figures);
             } else {
-                let (m10, s10) = at_ten.unwrap();
-                let (m, s) = figures;
+                let (m10, s10, h10) = at_ten.unwrap();
+                let (m, s, h) = figures;
+                assert_eq!(
+                    h.bytes_reserved, h10.bytes_reserved,
+                    "host staging/readback memory reserved grew: {h10:?} at step 10, {h:?} at 1,000"
+                );
+                assert_eq!(
+                    h.bytes_in_use, h10.bytes_in_use,
+                    "host staging/readback memory in use grew: {h10:?} at step 10, {h:?} at 1,000"
+                );
                 assert_eq!(
                     (m.bytes_in_use, m.number_allocs),
                     (m10.bytes_in_use, m10.number_allocs),

@@ -17,7 +17,7 @@ use crate::launch::guard_error;
 use crate::poller::gone;
 use crate::server::{WgpuServer, ready};
 use crate::storage::WgpuResource;
-use crate::submitter::{WritePart, wait_for};
+use crate::submitter::WritePart;
 
 /// Bytes of the server's live readback buffers ([`Staging`]s), shared with the threads that drop
 /// them: read and profile futures (on the caller's thread), collective workers.
@@ -300,11 +300,11 @@ impl WgpuServer {
                 },
             })
             .collect();
-        let device = self.device.clone();
+        let completed = index.map(|index| self.completion(index));
         Box::pin(async move {
-            // The maps complete during this wait (their callbacks run on the polling thread).
-            if let Some(index) = index {
-                wait_for(&device, index)?;
+            // The maps complete during this wait (their callbacks run on the poll thread).
+            if let Some(completed) = completed {
+                completed.await?;
             }
             if let Some((staging, mapped)) = guard
                 && let Some(e) = guard_error(staging, mapped, maximum).await?
@@ -366,12 +366,7 @@ impl WgpuServer {
     ) -> Result<WgpuResource, ServerError> {
         let resource = self.resolve(&binding)?;
         let index = self.submit_always()?;
-        self.device
-            .poll(wgpu::PollType::Wait {
-                submission_index: Some(index),
-                timeout: None,
-            })
-            .map_err(|e| ServerError::Driver(format!("waiting for the wgpu device: {e}")))?;
+        self.wait_for(index)?;
         Ok(resource)
     }
 
@@ -396,7 +391,7 @@ impl WgpuServer {
         }
         let index = self.submit_always()?;
         let mapped = map_read(&staging);
-        wait_for(&self.device, index)?;
+        self.wait_for(index)?;
         compute_core::block_on(mapped)
             .ok_or_else(gone)?
             .map_err(|e| ServerError::Driver(format!("mapping a readback buffer: {e}")))?;

@@ -6,7 +6,7 @@
 use core::sync::atomic::{AtomicU64, Ordering};
 
 use crate::client::ComputeClient;
-use crate::error::{GraphError, ServerError};
+use crate::error::ServerError;
 use crate::runtime::Runtime;
 use crate::server::ComputeServer;
 use crate::stream::StreamId;
@@ -20,27 +20,6 @@ impl GraphId {
     pub fn fresh() -> Self {
         static NEXT: AtomicU64 = AtomicU64::new(1);
         GraphId(NEXT.fetch_add(1, Ordering::Relaxed))
-    }
-}
-
-/// The graph `graph` of a server's registry, for a replay on `stream`: the one rule for every
-/// backend (a graph replays on the stream it was captured on, which `captured_on` reads; an
-/// unknown id, or a graph of another server, is an error).
-pub fn graph_for_replay<G, F: Fn(&G) -> StreamId>(
-    graphs: &mut hashbrown::HashMap<GraphId, G>,
-    graph: GraphId,
-    stream: StreamId,
-    captured_on: F,
-) -> Result<&mut G, ServerError> {
-    match graphs.get_mut(&graph) {
-        Some(g) if captured_on(g) == stream => Ok(g),
-        Some(g) => Err(GraphError::WrongStream {
-            graph,
-            captured_on: captured_on(g),
-            stream,
-        }
-        .into()),
-        None => Err(GraphError::NotHeld { graph }.into()),
     }
 }
 

@@ -80,12 +80,12 @@ impl CpuServer {
         }
     }
 
-    /// The CPU's layout of a `create`: 32-byte starts, its pitch alignment, one page at most.
+    /// The CPU's layout of a `create`: 32-byte starts, its pitch alignment (the pools refuse
+    /// one allocation above `max_page_size`).
     fn create_rules(&self) -> CreateRules {
         CreateRules {
             alignment: CPU_ALIGNMENT,
             pitch_alignment: self.properties.pitch_alignment,
-            max_size: self.properties.memory.max_page_size,
         }
     }
 
@@ -217,9 +217,8 @@ impl ComputeServer for CpuServer {
     }
 
     fn create_buffer(&mut self, size: u64, stream: StreamId) -> Result<Handle, ServerError> {
-        let (owner, rules) = (self.owner, self.create_rules());
-        self.stream(stream)?
-            .create_buffer(owner, stream, size, &rules)
+        let owner = self.owner;
+        self.stream(stream)?.create_buffer(owner, stream, size)
     }
 
     fn write(

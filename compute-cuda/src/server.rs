@@ -144,12 +144,12 @@ impl CudaServer {
         &self.pinned
     }
 
-    /// The CUDA layout of a `create`: 256-byte starts, 128-byte row pitch, one page at most.
+    /// The CUDA layout of a `create`: 256-byte starts, 128-byte row pitch (the pools refuse one
+    /// allocation above `max_page_size`).
     pub(crate) fn create_rules(&self) -> CreateRules {
         CreateRules {
             alignment: CUDA_ALIGNMENT,
             pitch_alignment: self.properties.pitch_alignment,
-            max_size: self.properties.memory.max_page_size,
         }
     }
 

@@ -349,7 +349,6 @@ impl VulkanServer {
         CreateRules {
             alignment: self.slice_align,
             pitch_alignment: None,
-            max_size: self.max_block,
         }
     }
 
@@ -481,9 +480,8 @@ impl ComputeServer for VulkanServer {
     }
 
     fn create_buffer(&mut self, size: u64, stream: StreamId) -> Result<Handle, ServerError> {
-        let (owner, rules) = (self.owner, self.create_rules());
-        self.stream(stream)?
-            .create_buffer(owner, stream, size, &rules)
+        let owner = self.owner;
+        self.stream(stream)?.create_buffer(owner, stream, size)
     }
 
     fn write(

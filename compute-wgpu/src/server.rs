@@ -220,7 +220,6 @@ impl WgpuServer {
         CreateRules {
             alignment: self.alignment,
             pitch_alignment: None,
-            max_size: self.properties.memory.max_page_size,
         }
     }
 
@@ -299,9 +298,8 @@ impl ComputeServer for WgpuServer {
     }
 
     fn create_buffer(&mut self, size: u64, stream: StreamId) -> Result<Handle, ServerError> {
-        let (owner, rules) = (self.owner, self.create_rules());
-        self.stream(stream)?
-            .create_buffer(owner, stream, size, &rules)
+        let owner = self.owner;
+        self.stream(stream)?.create_buffer(owner, stream, size)
     }
 
     fn write(

@@ -30,25 +30,6 @@ pub struct CreateRules {
     pub alignment: u64,
     /// The row pitch alignment of 2-D and higher tensors (`None`: rows are packed).
     pub pitch_alignment: Option<usize>,
-    /// The largest single allocation the device can hold (`max_page_size`, or the backend's
-    /// own block limit).
-    pub max_size: u64,
-}
-
-impl CreateRules {
-    /// [`ServerError::BufferTooLarge`] when `size` exceeds [`max_size`](Self::max_size).
-    ///
-    /// # Errors
-    /// As above.
-    pub fn check_size(&self, size: u64) -> Result<(), ServerError> {
-        if size <= self.max_size {
-            return Ok(());
-        }
-        Err(ServerError::BufferTooLarge {
-            requested: size,
-            maximum: self.max_size,
-        })
-    }
 }
 
 impl<S: ComputeStorage, Q, C> StreamEntry<S, Q, C> {
@@ -56,7 +37,8 @@ impl<S: ComputeStorage, Q, C> StreamEntry<S, Q, C> {
     /// allocation after `rules`, persistent while a capture runs.
     ///
     /// # Errors
-    /// A layout error, [`ServerError::BufferTooLarge`], or the pools' allocation error.
+    /// A layout error, or the pools' allocation error ([`ServerError::BufferTooLarge`] above the
+    /// device's `max_page_size`).
     pub fn create(
         &mut self,
         owner: HandleOwner,
@@ -65,22 +47,21 @@ impl<S: ComputeStorage, Q, C> StreamEntry<S, Q, C> {
         rules: &CreateRules,
     ) -> Result<Vec<MemoryLayout>, ServerError> {
         let packed = pack_tensors(descriptors, rules.alignment, rules.pitch_alignment)?;
-        let base = self.create_buffer(owner, id, packed.total(), rules)?;
+        let base = self.create_buffer(owner, id, packed.total())?;
         Ok(packed.layouts(&base, descriptors))
     }
 
     /// `create_buffer` on this stream (`id`) of server `owner`: `size` bytes, no layout.
     ///
     /// # Errors
-    /// [`ServerError::BufferTooLarge`], or the pools' allocation error.
+    /// The pools' allocation error ([`ServerError::BufferTooLarge`] above the device's
+    /// `max_page_size`).
     pub fn create_buffer(
         &mut self,
         owner: HandleOwner,
         id: StreamId,
         size: u64,
-        rules: &CreateRules,
     ) -> Result<Handle, ServerError> {
-        rules.check_size(size)?;
         let slice = self.memory.reserve_for(size, self.capture.is_some())?;
         Ok(Handle::new(slice, owner, id))
     }

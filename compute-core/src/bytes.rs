@@ -30,6 +30,12 @@ use std::sync::{Arc, OnceLock};
 use crate::elem::Elem;
 use crate::error::{LayoutError, ServerError};
 
+mod release;
+pub use release::{
+    HostCopy, RELEASE_MAX_BYTES, RELEASE_MAX_DEFER, RELEASE_MIN_BYTES, host_copy, release,
+    releasing_bytes,
+};
+
 /// Alignment of every buffer the runtime allocates on the host, in bytes.
 pub const HOST_ALIGNMENT: usize = 64;
 

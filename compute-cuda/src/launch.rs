@@ -7,6 +7,7 @@ use std::sync::Arc;
 use compute_core::error::LaunchError;
 use compute_core::{Binding, CubeCount, ExecutionMode, KernelArguments, ServerError, StreamId};
 use cudarc::driver::{result, sys};
+use smallvec::SmallVec;
 
 use crate::compiler::codegen::{MAX_RANK, META_BYTES};
 use crate::compiler::{self, CompiledKernel};
@@ -154,9 +155,11 @@ impl CudaServer {
             slot[0] = value.native_bits();
             slots.push(slot);
         }
-        let mut params: Vec<*mut core::ffi::c_void> =
+        // On the stack for the usual kernel: no allocation on the launch path.
+        let mut params: SmallVec<[*mut core::ffi::c_void; 32]> =
             slots.iter_mut().map(|s| s.as_mut_ptr().cast()).collect();
-        let mut bindings: Vec<&Binding> = arguments.buffers.iter().map(|b| &b.binding).collect();
+        let mut bindings: SmallVec<[&Binding; 16]> =
+            arguments.buffers.iter().map(|b| &b.binding).collect();
         if let CubeCount::Dynamic(b) = &count {
             bindings.push(b);
         }

@@ -200,7 +200,10 @@ impl CudaServer {
     ) -> Result<(), ServerError> {
         let contiguous = is_compact(&descriptor.shape, &descriptor.strides);
         if contiguous && bytes.kind() != BytesKind::Pinned {
-            return self.write_pageable(stream, descriptor, bytes.try_as_slice()?);
+            let written = self.write_pageable(stream, descriptor, bytes.try_as_slice()?);
+            // Read no more: a large buffer is freed off this path (as costly as the copy).
+            compute_core::bytes::release(bytes);
+            return written;
         }
         descriptor.validate_write(bytes.len())?;
         if bytes.is_empty() {
@@ -226,6 +229,7 @@ impl CudaServer {
                 let mut staging = self.pinned.take_held(bytes.len())?;
                 compute_core::HostBuffer::as_bytes_mut(&mut staging)
                     .copy_from_slice(bytes.try_as_slice()?);
+                compute_core::bytes::release(bytes);
                 (staging.as_ptr(), KeepAlive::Pinned(staging))
             };
             let blocks = row_blocks(&descriptor.shape, &descriptor.strides, descriptor.elem_size);
@@ -256,6 +260,9 @@ impl CudaServer {
         let target = self.resolve(&descriptor.binding)?;
         let binding = descriptor.binding.clone();
         let raw = self.stream(stream)?.queue.raw;
+        // Large buffers released meanwhile are freed after this copy, not during it.
+        let _copy = (src.len() >= compute_core::bytes::RELEASE_MIN_BYTES)
+            .then(compute_core::bytes::host_copy);
         // A large staged write may go on while the driver calls of the pieces staged before it
         // on the same stream are still being made (they and its own are made in order): what it
         // enqueues before its own DMA is only stream waits, which those calls may follow too.

@@ -181,6 +181,14 @@ fn launch(client: &Client, raw: &Raw) -> Vec<Row> {
         }));
     }
     let (host, raw_host) = (host / n as f64, raw_host / n as f64);
+    // Ablation of the host cost above raw: what the caller's loop pays apart from the launch
+    // (the kernel and argument clones it hands over), and a launch that stops before the
+    // driver (zero cubes: the client, the lock, the checks and the compiled-kernel lookup, then
+    // no binding resolve, no parameters, no `cuLaunchKernel`, no bookkeeping).
+    let clones = best_per_call(5, n, || drop((kernel.clone(), args.clone())));
+    let front = best_per_call(5, n, || {
+        client.launch(kernel.clone(), CubeCount::Static(0, 1, 1), args.clone())
+    });
     let latency = best_per_call(5, 2000, || {
         once();
         block_on(client.sync()).expect("sync");
@@ -197,6 +205,24 @@ fn launch(client: &Client, raw: &Raw) -> Vec<Row> {
             host * us,
             "us",
             "raw cudarc result::launch_kernel, same PTX, alternating, best of 7",
+            raw_host * us,
+            Better::Lower,
+        ),
+        Row::new(
+            BACKEND,
+            "launch host cost ablation: the caller's kernel + arguments clone",
+            clones * us,
+            "us",
+            "raw cudarc result::launch_kernel host cost",
+            raw_host * us,
+            Better::Lower,
+        ),
+        Row::new(
+            BACKEND,
+            "launch host cost ablation: zero-cube launch (all but resolve, params, driver, marks)",
+            front * us,
+            "us",
+            "raw cudarc result::launch_kernel host cost",
             raw_host * us,
             Better::Lower,
         ),
@@ -528,6 +554,42 @@ fn transfers(client: &Client, raw: &Raw) -> Vec<Row> {
                     sync();
                 },
             ) / reps as f64;
+            // Ablation: `create_from_slice` of bytes not in the host's caches (a fresh copy per
+            // call, as `create(Bytes)` gets), kept past the clock.
+            let mut kept = Vec::new();
+            let cold = best_prepared(
+                3,
+                || (0..reps).map(|_| host.clone()).collect::<Vec<_>>(),
+                |copies| {
+                    for copy in &copies {
+                        drop(client.create_from_slice(copy));
+                    }
+                    sync();
+                    kept.push(copies);
+                },
+            ) / reps as f64;
+            drop(kept);
+            rows.push(Row::new(
+                BACKEND,
+                &format!("upload {label} ablation: create_from_slice of uncached bytes"),
+                gbs(cold),
+                "GB/s",
+                "raw cudarc pinned cuMemcpyHtoDAsync",
+                gbs(raw_h2d),
+                Better::Higher,
+            ));
+            // Ablation: what freeing the owned bytes costs where they are dropped (the write
+            // hands them to the release thread instead; as a rate, to set against the DMA).
+            let free = best_prepared(3, || host.clone(), drop);
+            rows.push(Row::new(
+                BACKEND,
+                &format!("upload {label} ablation: freeing owned bytes on the caller"),
+                gbs(free),
+                "GB/s",
+                "raw cudarc pinned cuMemcpyHtoDAsync",
+                gbs(raw_h2d),
+                Better::Higher,
+            ));
             for (path, secs) in [("create_from_slice", from_slice), ("create(Bytes)", owned)] {
                 rows.push(Row::new(
                     BACKEND,

@@ -28,7 +28,9 @@ use crate::memory::{
 use crate::profile::ProfileDuration;
 use crate::properties::{DeviceProperties, Features, VectorSize};
 use crate::runtime::Runtime;
-use crate::server::ComputeServer;
+use crate::server::{
+    ComputeServer, ServerCollective, ServerGraph, ServerMemory, ServerProfile, ServerTransfer,
+};
 use crate::storage::{ComputeStorage, ManagedResource};
 use crate::stream::{RetireSink, StreamId, register_sink};
 use crate::throughput::{KernelConfig, ThroughputKey, ThroughputValue};

@@ -8,7 +8,7 @@ use core::sync::atomic::{AtomicU64, Ordering};
 use crate::client::ComputeClient;
 use crate::error::ServerError;
 use crate::runtime::Runtime;
-use crate::server::ComputeServer;
+use crate::server::ServerGraph;
 use crate::stream::StreamId;
 
 /// Identifies a graph held by a server.

@@ -60,7 +60,9 @@ pub use memory::{HostMemoryUsage, MemoryAllocationMode, MemoryPoolsConfig, Memor
 pub use profile::{ProfileDuration, TimingMethod};
 pub use properties::{DeviceProperties, Features, HardwareProperties, VectorSize};
 pub use runtime::Runtime;
-pub use server::ComputeServer;
+pub use server::{
+    ComputeServer, ServerCollective, ServerGraph, ServerMemory, ServerProfile, ServerTransfer,
+};
 pub use storage::{ComputeStorage, ManagedResource, StorageHandle, StorageId};
 pub use stream::StreamId;
 pub use throughput::{KernelConfig, ThroughputKey, ThroughputValue};

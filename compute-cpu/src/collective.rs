@@ -3,7 +3,9 @@
 
 use compute_core::collective::HostRendezvous;
 use compute_core::future::DynFut;
-use compute_core::{Binding, DeviceId, ElemType, ReduceOperation, ServerError, StreamId};
+use compute_core::{
+    Binding, DeviceId, ElemType, ReduceOperation, ServerCollective, ServerError, StreamId,
+};
 
 use crate::device::device_count;
 use crate::server::CpuServer;
@@ -13,8 +15,10 @@ impl CpuServer {
     fn check_group(&self, devices: &[DeviceId]) -> Result<Vec<DeviceId>, ServerError> {
         compute_core::collective::check_group(devices, self.owner.device, device_count(), "CPU")
     }
+}
 
-    pub(crate) fn init_collective(
+impl ServerCollective for CpuServer {
+    fn ensure_init_collective(
         &mut self,
         devices: &[DeviceId],
         _stream: StreamId,
@@ -27,7 +31,7 @@ impl CpuServer {
         Ok(())
     }
 
-    pub(crate) fn all_reduce_on_group(
+    fn all_reduce(
         &mut self,
         src: Binding,
         dst: Binding,
@@ -66,7 +70,7 @@ impl CpuServer {
         Ok(())
     }
 
-    pub(crate) fn sync_groups(&mut self, _stream: StreamId) -> DynFut<Result<(), ServerError>> {
+    fn sync_collective(&mut self, _stream: StreamId) -> DynFut<Result<(), ServerError>> {
         let comms: Vec<StreamId> = self.comm_streams.values().copied().collect();
         let markers: Vec<_> = comms.into_iter().map(|c| self.sync_marker(c)).collect();
         Box::pin(async move {

@@ -1,8 +1,9 @@
 //! Graphs: a capture records the stream's launches (resolved, as they would run); a replay
 //! submits them again in order on the capture's stream.
 
+use compute_core::backend::ServerKit;
 use compute_core::graph::GraphId;
-use compute_core::{Binding, ServerError, StreamId};
+use compute_core::{Binding, ServerError, ServerGraph, StreamId};
 
 use std::sync::Arc;
 
@@ -12,8 +13,17 @@ use crate::server::CpuServer;
 /// A captured graph: the launches it replays.
 pub(crate) type CpuGraph = Vec<Arc<RecordedLaunch>>;
 
-impl CpuServer {
-    pub(crate) fn replay(&mut self, graph: GraphId, stream: StreamId) -> Result<(), ServerError> {
+impl ServerGraph for CpuServer {
+    fn begin_capture(&mut self, stream: StreamId) -> Result<(), ServerError> {
+        self.stream(stream)?.begin_capture(stream, Vec::new())
+    }
+
+    fn end_capture(&mut self, stream: StreamId) -> Result<GraphId, ServerError> {
+        let launches = self.stream(stream)?.end_capture(stream)?;
+        Ok(self.graphs.insert(stream, launches))
+    }
+
+    fn graph_replay(&mut self, graph: GraphId, stream: StreamId) -> Result<(), ServerError> {
         self.ensure_not_capturing(stream, "graph replay")?;
         let launches = self.graphs.for_replay(graph, stream)?.clone();
         for launch in launches {

@@ -3,6 +3,7 @@
 
 use std::sync::Arc;
 
+use compute_core::backend::ServerKit;
 use compute_core::handle::BufferArgument;
 use compute_core::{Binding, CubeCount, ExecutionMode, KernelArguments, ServerError, StreamId};
 
@@ -27,7 +28,7 @@ struct ResolvedBuffer {
 }
 
 /// A launch with every argument resolved to host memory: run now, or kept in a graph.
-pub(crate) struct RecordedLaunch {
+pub struct RecordedLaunch {
     plan: Arc<Plan>,
     count: CountSource,
     count_binding: Option<Binding>,

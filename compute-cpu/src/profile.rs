@@ -3,17 +3,17 @@
 
 use compute_core::future::DynFut;
 use compute_core::profile::{ProfileToken, host_profile};
-use compute_core::{ComputeServer, ProfileDuration, ProfileError, StreamId};
+use compute_core::{ComputeServer, ProfileDuration, ProfileError, ServerProfile, StreamId};
 
 use crate::server::CpuServer;
 
-impl CpuServer {
-    pub(crate) fn start_profile(&mut self, stream: StreamId) -> Result<ProfileToken, ProfileError> {
+impl ServerProfile for CpuServer {
+    fn profile_start(&mut self, stream: StreamId) -> Result<ProfileToken, ProfileError> {
         self.ensure_not_capturing(stream, "profile")?;
         Ok(self.profiles.start(None))
     }
 
-    pub(crate) fn end_profile(
+    fn profile_end(
         &mut self,
         token: ProfileToken,
         stream: StreamId,

@@ -1,22 +1,22 @@
 //! The CPU server: per-stream workers, pools over host storage, a plan cache, graphs and
 //! host-staged collectives.
+//!
+//! This file holds the struct, its construction, the stream and submission helpers, the
+//! [`ServerKit`] and the [`ComputeServer`] core calls. Each role trait is implemented in the file
+//! of its role: `storage.rs` (`ServerMemory`), `transfer.rs` (`ServerTransfer`), `graph.rs`
+//! (`ServerGraph`), `profile.rs` (`ServerProfile`) and `collective.rs` (`ServerCollective`).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use compute_core::backend::{CreateRules, Graphs, StreamEntry, Streams};
+use compute_core::backend::{CreateRules, Graphs, ServerKit, StreamEntry, Streams};
 use compute_core::future::{DynFut, oneshot};
-use compute_core::graph::GraphId;
 use compute_core::handle::{HandleOwner, StreamPoint};
 use compute_core::kernel::KernelId;
-use compute_core::memory::{
-    HostMemoryUsage, MemoryAllocationMode, MemoryPoolsConfig, MemoryUsage, PoolConfigError,
-};
-use compute_core::profile::{ProfileTable, ProfileToken};
+use compute_core::profile::ProfileTable;
 use compute_core::{
-    Binding, Bytes, ComputeServer, CopyDescriptor, CubeCount, DeviceId, DeviceProperties, ElemType,
-    ExecutionMode, Handle, KernelArguments, MemoryLayout, MemoryLayoutDescriptor, ProfileDuration,
-    ProfileError, ReduceOperation, ServerError, StreamId,
+    Binding, ComputeServer, CubeCount, DeviceId, DeviceProperties, ExecutionMode, KernelArguments,
+    ServerError, StreamId,
 };
 use hashbrown::HashMap;
 
@@ -78,23 +78,6 @@ impl CpuServer {
             profiles: ProfileTable::default(),
             comm_streams: BTreeMap::new(),
         }
-    }
-
-    /// The CPU's layout of a `create`: 32-byte starts, its pitch alignment (the pools refuse
-    /// one allocation above `max_page_size`).
-    fn create_rules(&self) -> CreateRules {
-        CreateRules {
-            alignment: CPU_ALIGNMENT,
-            pitch_alignment: self.properties.pitch_alignment,
-        }
-    }
-
-    pub(crate) fn stream(&mut self, id: StreamId) -> Result<&mut StreamState, ServerError> {
-        let index = self.device.index;
-        self.streams.get_or_create(id, || {
-            let worker = Worker::spawn(format!("cpu{index}-{id}"))?;
-            Ok((CpuStorage::new(), worker))
-        })
     }
 
     pub(crate) fn resolve(&mut self, binding: &Binding) -> Result<CpuResource, ServerError> {
@@ -184,6 +167,44 @@ pub(crate) fn worker_gone() -> ServerError {
     ServerError::Driver("the stream worker stopped before answering".into())
 }
 
+/// The kit behind the role traits' defaults: the CPU's streams, graphs and create layout.
+impl ServerKit for CpuServer {
+    type KitStorage = CpuStorage;
+    type KitQueue = Worker;
+    type KitCapture = Vec<Arc<RecordedLaunch>>;
+    type KitGraph = CpuGraph;
+
+    fn kit_streams(&self) -> &Streams<CpuStorage, Worker, Vec<Arc<RecordedLaunch>>> {
+        &self.streams
+    }
+
+    fn kit_parts(
+        &mut self,
+    ) -> (
+        &mut Streams<CpuStorage, Worker, Vec<Arc<RecordedLaunch>>>,
+        &mut Graphs<CpuGraph>,
+    ) {
+        (&mut self.streams, &mut self.graphs)
+    }
+
+    fn stream(&mut self, id: StreamId) -> Result<&mut StreamState, ServerError> {
+        let index = self.device.index;
+        self.streams.get_or_create(id, || {
+            let worker = Worker::spawn(format!("cpu{index}-{id}"))?;
+            Ok((CpuStorage::new(), worker))
+        })
+    }
+
+    /// The CPU's layout of a `create`: 32-byte starts, its pitch alignment (the pools refuse
+    /// one allocation above `max_page_size`).
+    fn create_rules(&self) -> CreateRules {
+        CreateRules {
+            alignment: CPU_ALIGNMENT,
+            pitch_alignment: self.properties.pitch_alignment,
+        }
+    }
+}
+
 impl ComputeServer for CpuServer {
     type Kernel = CpuKernel;
     type Storage = CpuStorage;
@@ -200,41 +221,6 @@ impl ComputeServer for CpuServer {
 
     fn properties(&self) -> DeviceProperties {
         self.properties.clone()
-    }
-
-    fn owner(&self) -> HandleOwner {
-        self.owner
-    }
-
-    fn create(
-        &mut self,
-        descriptors: &[MemoryLayoutDescriptor],
-        stream: StreamId,
-    ) -> Result<Vec<MemoryLayout>, ServerError> {
-        let (owner, rules) = (self.owner, self.create_rules());
-        self.stream(stream)?
-            .create(owner, stream, descriptors, &rules)
-    }
-
-    fn create_buffer(&mut self, size: u64, stream: StreamId) -> Result<Handle, ServerError> {
-        let owner = self.owner;
-        self.stream(stream)?.create_buffer(owner, stream, size)
-    }
-
-    fn write(
-        &mut self,
-        writes: Vec<(CopyDescriptor, Bytes)>,
-        stream: StreamId,
-    ) -> Result<(), ServerError> {
-        self.write_all(writes, stream)
-    }
-
-    fn read(
-        &mut self,
-        descriptors: Vec<CopyDescriptor>,
-        stream: StreamId,
-    ) -> DynFut<Result<Vec<Bytes>, ServerError>> {
-        self.read_all(descriptors, stream)
     }
 
     fn get_resource(
@@ -269,112 +255,6 @@ impl ComputeServer for CpuServer {
             return Box::pin(core::future::ready(Err(e)));
         }
         self.sync_marker(stream)
-    }
-
-    fn stream_ids(&self) -> Vec<StreamId> {
-        self.streams.ids()
-    }
-
-    fn memory_usage(&mut self, stream: StreamId) -> Result<MemoryUsage, ServerError> {
-        Ok(self.stream(stream)?.memory.memory_usage())
-    }
-
-    fn host_memory_usage(&mut self) -> HostMemoryUsage {
-        // Device memory is host memory here: writes copy straight into the pools and a read
-        // copies into the `Bytes` it returns (the caller's); nothing is staged.
-        HostMemoryUsage::default()
-    }
-
-    fn memory_cleanup(&mut self, stream: StreamId) {
-        self.streams.cleanup(stream);
-    }
-
-    fn retire_stream(&mut self, stream: StreamId, wait: bool) -> bool {
-        // Its queued work runs first (queued commands hold the bindings they use); other
-        // streams' commands that wait for it hold its progress counter (an `Arc`), not the state.
-        // Dropping the state frees its pools and stops its worker thread.
-        self.streams.try_retire(stream, |state| {
-            if wait {
-                state.queue.wait_idle();
-                true
-            } else {
-                state.queue.is_idle()
-            }
-        })
-    }
-
-    fn allocation_mode(
-        &mut self,
-        mode: MemoryAllocationMode,
-        stream: StreamId,
-    ) -> MemoryAllocationMode {
-        self.stream(stream)
-            .map_or(MemoryAllocationMode::Auto, |state| state.memory.mode(mode))
-    }
-
-    fn configure_memory_pools(
-        &mut self,
-        config: &MemoryPoolsConfig,
-        stream: StreamId,
-    ) -> Result<bool, PoolConfigError> {
-        self.streams.configure_memory_pools(config, stream)
-    }
-
-    fn graph_prepare(&mut self, stream: StreamId) -> Result<(), ServerError> {
-        self.stream(stream)?.prepare_graph(stream)
-    }
-
-    fn begin_capture(&mut self, stream: StreamId) -> Result<(), ServerError> {
-        self.stream(stream)?.begin_capture(stream, Vec::new())
-    }
-
-    fn end_capture(&mut self, stream: StreamId) -> Result<GraphId, ServerError> {
-        let launches = self.stream(stream)?.end_capture(stream)?;
-        Ok(self.graphs.insert(stream, launches))
-    }
-
-    fn graph_replay(&mut self, graph: GraphId, stream: StreamId) -> Result<(), ServerError> {
-        self.replay(graph, stream)
-    }
-
-    fn graph_release(&mut self, graph: GraphId) {
-        self.graphs.remove(graph);
-    }
-
-    fn profile_start(&mut self, stream: StreamId) -> Result<ProfileToken, ProfileError> {
-        self.start_profile(stream)
-    }
-
-    fn profile_end(
-        &mut self,
-        token: ProfileToken,
-        stream: StreamId,
-    ) -> DynFut<Result<ProfileDuration, ProfileError>> {
-        self.end_profile(token, stream)
-    }
-
-    fn ensure_init_collective(
-        &mut self,
-        devices: &[DeviceId],
-        stream: StreamId,
-    ) -> Result<(), ServerError> {
-        self.init_collective(devices, stream)
-    }
-
-    fn all_reduce(
-        &mut self,
-        src: Binding,
-        dst: Binding,
-        dtype: ElemType,
-        devices: Vec<DeviceId>,
-        op: ReduceOperation,
-        stream: StreamId,
-    ) -> Result<(), ServerError> {
-        self.all_reduce_on_group(src, dst, dtype, devices, op, stream)
-    }
-
-    fn sync_collective(&mut self, stream: StreamId) -> DynFut<Result<(), ServerError>> {
-        self.sync_groups(stream)
     }
 }
 

@@ -2,8 +2,8 @@
 
 use std::alloc::Layout;
 
-use compute_core::ServerError;
 use compute_core::storage::{ComputeStorage, StorageHandle, StorageId, StorageUtilization};
+use compute_core::{ServerError, ServerMemory, StreamId};
 use hashbrown::HashMap;
 
 /// Alignment of CPU storage blocks and of slice offsets inside them.
@@ -132,5 +132,24 @@ impl compute_core::storage::ResourceRange for CpuResource {
 
     fn range_start(&self) -> u64 {
         self.ptr as u64
+    }
+}
+
+/// The memory role: the kit's defaults but for retirement. Device memory is host memory here, so
+/// `host_memory_usage` keeps its default of zeros: writes copy straight into the pools and a read
+/// copies into the `Bytes` it returns (the caller's); nothing is staged.
+impl ServerMemory for crate::server::CpuServer {
+    fn retire_stream(&mut self, stream: StreamId, wait: bool) -> bool {
+        // Its queued work runs first (queued commands hold the bindings they use); other
+        // streams' commands that wait for it hold its progress counter (an `Arc`), not the state.
+        // Dropping the state frees its pools and stops its worker thread.
+        self.streams.try_retire(stream, |state| {
+            if wait {
+                state.queue.wait_idle();
+                true
+            } else {
+                state.queue.is_idle()
+            }
+        })
     }
 }

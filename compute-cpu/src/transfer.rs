@@ -1,16 +1,74 @@
 //! Host-to-device and device-to-host copies: `write`, `read`, `get_resource`. The CPU's
 //! "device" memory is host memory, so a copy is a strided row copy run on the stream's worker.
 
+use compute_core::backend::ServerKit;
 use compute_core::future::{DynFut, oneshot};
 use compute_core::layout::{contiguous_strides, for_each_row};
-use compute_core::{Binding, Bytes, CopyDescriptor, ServerError, StreamId};
+use compute_core::{Binding, Bytes, CopyDescriptor, ServerError, ServerTransfer, StreamId};
 
 use crate::server::{CpuServer, worker_gone};
 use crate::storage::CpuResource;
 use crate::worker::Command;
 
 impl CpuServer {
-    pub(crate) fn write_all(
+    pub(crate) fn resource_when_idle(
+        &mut self,
+        binding: Binding,
+        stream: StreamId,
+    ) -> Result<CpuResource, ServerError> {
+        let resource = self.resolve(&binding)?;
+        if let Some(point) = binding.handle().access().last()
+            && let Some(other) = self.streams.get(point.stream)
+        {
+            other.queue.progress().wait_for(point.seq);
+        }
+        self.stream(stream)?.queue.wait_idle();
+        Ok(resource)
+    }
+}
+
+/// Copy compact `src` into the strided tensor at `dst`.
+///
+/// # Safety
+/// `dst` must be valid for writes over the whole strided span of the tensor.
+unsafe fn scatter_rows(src: &[u8], dst: *mut u8, shape: &[usize], strides: &[usize], elem: usize) {
+    if strides == contiguous_strides(shape).0.as_slice() {
+        // SAFETY: the compact and strided layouts coincide; `dst` holds `src.len()` bytes (caller).
+        unsafe { core::ptr::copy_nonoverlapping(src.as_ptr(), dst, src.len()) };
+        return;
+    }
+    for_each_row(shape, strides, elem, |strided, compact, len| {
+        // SAFETY: every row lies inside the strided span (caller contract); `src` is compact.
+        unsafe { core::ptr::copy_nonoverlapping(src[compact..].as_ptr(), dst.add(strided), len) };
+    });
+}
+
+/// Copy the strided tensor at `src` into compact `dst`.
+///
+/// # Safety
+/// `src` must be valid for reads over the whole strided span of the tensor.
+unsafe fn gather_rows(
+    src: *const u8,
+    dst: &mut [u8],
+    shape: &[usize],
+    strides: &[usize],
+    elem: usize,
+) {
+    if strides == contiguous_strides(shape).0.as_slice() {
+        // SAFETY: layouts coincide; `src` holds `dst.len()` bytes (caller contract).
+        unsafe { core::ptr::copy_nonoverlapping(src, dst.as_mut_ptr(), dst.len()) };
+        return;
+    }
+    for_each_row(shape, strides, elem, |strided, compact, len| {
+        // SAFETY: every row lies inside the strided span (caller contract); `dst` is compact.
+        unsafe {
+            core::ptr::copy_nonoverlapping(src.add(strided), dst[compact..].as_mut_ptr(), len)
+        };
+    });
+}
+
+impl ServerTransfer for CpuServer {
+    fn write(
         &mut self,
         writes: Vec<(CopyDescriptor, Bytes)>,
         stream: StreamId,
@@ -40,7 +98,7 @@ impl CpuServer {
         Ok(())
     }
 
-    pub(crate) fn read_all(
+    fn read(
         &mut self,
         descriptors: Vec<CopyDescriptor>,
         stream: StreamId,
@@ -96,59 +154,4 @@ impl CpuServer {
         }
         Box::pin(async move { rx.await.unwrap_or_else(|| Err(worker_gone())) })
     }
-
-    pub(crate) fn resource_when_idle(
-        &mut self,
-        binding: Binding,
-        stream: StreamId,
-    ) -> Result<CpuResource, ServerError> {
-        let resource = self.resolve(&binding)?;
-        if let Some(point) = binding.handle().access().last()
-            && let Some(other) = self.streams.get(point.stream)
-        {
-            other.queue.progress().wait_for(point.seq);
-        }
-        self.stream(stream)?.queue.wait_idle();
-        Ok(resource)
-    }
-}
-
-/// Copy compact `src` into the strided tensor at `dst`.
-///
-/// # Safety
-/// `dst` must be valid for writes over the whole strided span of the tensor.
-unsafe fn scatter_rows(src: &[u8], dst: *mut u8, shape: &[usize], strides: &[usize], elem: usize) {
-    if strides == contiguous_strides(shape).0.as_slice() {
-        // SAFETY: the compact and strided layouts coincide; `dst` holds `src.len()` bytes (caller).
-        unsafe { core::ptr::copy_nonoverlapping(src.as_ptr(), dst, src.len()) };
-        return;
-    }
-    for_each_row(shape, strides, elem, |strided, compact, len| {
-        // SAFETY: every row lies inside the strided span (caller contract); `src` is compact.
-        unsafe { core::ptr::copy_nonoverlapping(src[compact..].as_ptr(), dst.add(strided), len) };
-    });
-}
-
-/// Copy the strided tensor at `src` into compact `dst`.
-///
-/// # Safety
-/// `src` must be valid for reads over the whole strided span of the tensor.
-unsafe fn gather_rows(
-    src: *const u8,
-    dst: &mut [u8],
-    shape: &[usize],
-    strides: &[usize],
-    elem: usize,
-) {
-    if strides == contiguous_strides(shape).0.as_slice() {
-        // SAFETY: layouts coincide; `src` holds `dst.len()` bytes (caller contract).
-        unsafe { core::ptr::copy_nonoverlapping(src, dst.as_mut_ptr(), dst.len()) };
-        return;
-    }
-    for_each_row(shape, strides, elem, |strided, compact, len| {
-        // SAFETY: every row lies inside the strided span (caller contract); `dst` is compact.
-        unsafe {
-            core::ptr::copy_nonoverlapping(src.add(strided), dst[compact..].as_mut_ptr(), len)
-        };
-    });
 }

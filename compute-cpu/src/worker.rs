@@ -51,7 +51,7 @@ struct Job {
 }
 
 /// The worker thread of one stream.
-pub(crate) struct Worker {
+pub struct Worker {
     sender: mpsc::Sender<Job>,
     progress: Arc<Progress>,
     errors: ErrorQueue,

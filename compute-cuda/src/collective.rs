@@ -24,10 +24,12 @@
 use std::sync::{Mutex, MutexGuard, OnceLock};
 use std::time::Instant;
 
+use compute_core::backend::ServerKit;
 use compute_core::collective::{CHECK_VAR, CollectiveError, MismatchKind, World};
 use compute_core::future::DynFut;
 use compute_core::{
-    Binding, ComputeServer, DeviceId, ElemType, ReduceOperation, ServerError, StreamId,
+    Binding, ComputeServer, DeviceId, ElemType, ReduceOperation, ServerCollective, ServerError,
+    StreamId,
 };
 use cudarc::driver::{result as driver, sys as driver_sys};
 use cudarc::nccl::{result as nccl, sys};
@@ -487,9 +489,11 @@ impl CudaServer {
             "CUDA",
         )
     }
+}
 
+impl ServerCollective for CudaServer {
     /// `ensure_init_collective`: the group's NCCL communicator, made once.
-    pub(crate) fn init_collective(
+    fn ensure_init_collective(
         &mut self,
         devices: &[DeviceId],
         stream: StreamId,
@@ -506,7 +510,7 @@ impl CudaServer {
 
     /// `all_reduce`: on the group's communication stream, after the work of `stream` issued so
     /// far.
-    pub(crate) fn all_reduce_group(
+    fn all_reduce(
         &mut self,
         src: Binding,
         dst: Binding,
@@ -560,7 +564,7 @@ impl CudaServer {
     }
 
     /// `sync_collective`: every communication stream's sync.
-    pub(crate) fn sync_comm_streams(&mut self) -> DynFut<Result<(), ServerError>> {
+    fn sync_collective(&mut self, _stream: StreamId) -> DynFut<Result<(), ServerError>> {
         let comms: Vec<StreamId> = self.comm_streams.values().copied().collect();
         let waits: Vec<_> = comms.into_iter().map(|c| self.sync(c)).collect();
         Box::pin(async move {

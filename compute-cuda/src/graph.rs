@@ -2,8 +2,9 @@
 //! instantiated once and replayed with `cuGraphLaunch` on the capture's stream; the graph keeps
 //! every binding it recorded alive until it is released and its last replay completed.
 
+use compute_core::backend::ServerKit;
 use compute_core::graph::GraphId;
-use compute_core::{Binding, ServerError, StreamId};
+use compute_core::{Binding, ServerError, ServerGraph, StreamId};
 use cudarc::driver::{result, sys};
 
 use crate::driver::{Check, Raw};
@@ -13,16 +14,40 @@ use crate::stream::{GraphExec, KeepAlive};
 /// A captured graph: the executable graph, the stream it was captured on, and the bindings it
 /// recorded. [`Graphs`](compute_core::backend::Graphs) keeps the stream too, but its `remove`
 /// hands back the graph alone, and a release orders on that stream.
-pub(crate) struct CudaGraph {
+pub struct CudaGraph {
     exec: GraphExec,
     stream: StreamId,
     holds: Vec<Binding>,
 }
 
 impl CudaServer {
+    /// Launch the executable graph `exec` on `stream`, ordered after the last uses of `holds`
+    /// (the bindings it recorded) on other streams, and mark them used by it.
+    pub(crate) fn replay_holding(
+        &mut self,
+        exec: Raw<sys::CUgraphExec>,
+        stream: StreamId,
+        holds: &[Binding],
+    ) -> Result<(), ServerError> {
+        let refs: Vec<&Binding> = holds.iter().collect();
+        self.order_after(stream, &refs)?;
+        let raw = self.stream(stream)?.queue.raw;
+        // SAFETY: the executable graph and the stream are alive; the graph's memory is kept
+        // alive by `holds`.
+        unsafe { result::graph::launch(exec.0, raw.0) }.check("cuGraphLaunch")?;
+        self.mark(stream, &refs, None)
+    }
+}
+
+impl ServerGraph for CudaServer {
+    fn graph_prepare(&mut self, stream: StreamId) -> Result<(), ServerError> {
+        self.settle()?;
+        self.kit_prepare_graph(stream)
+    }
+
     /// `begin_capture`: what the stream keeps alive and its staging slots get their events, then
     /// `cuStreamBeginCapture` (relaxed mode).
-    pub(crate) fn capture_begin(&mut self, stream: StreamId) -> Result<(), ServerError> {
+    fn begin_capture(&mut self, stream: StreamId) -> Result<(), ServerError> {
         self.settle()?;
         self.ensure_not_capturing(stream, "start_capture")?;
         self.stream(stream)?;
@@ -50,7 +75,7 @@ impl CudaServer {
 
     /// `end_capture`: `cuStreamEndCapture` and `cuGraphInstantiate`; the graph keeps the bindings
     /// the capture recorded.
-    pub(crate) fn capture_end(&mut self, stream: StreamId) -> Result<GraphId, ServerError> {
+    fn end_capture(&mut self, stream: StreamId) -> Result<GraphId, ServerError> {
         // A failed staged write is reported by the next call, not by ending the capture (which
         // would leave the capture running).
         self.settle_quietly();
@@ -84,7 +109,7 @@ impl CudaServer {
     }
 
     /// `graph_replay`: on the capture's stream only, ordered after the last uses of its bindings.
-    pub(crate) fn replay(&mut self, graph: GraphId, stream: StreamId) -> Result<(), ServerError> {
+    fn graph_replay(&mut self, graph: GraphId, stream: StreamId) -> Result<(), ServerError> {
         self.settle()?;
         self.ensure_not_capturing(stream, "graph replay")?;
         // The holds are taken out for the replay (not cloned: one per recorded binding) and put
@@ -98,26 +123,9 @@ impl CudaServer {
         result
     }
 
-    /// Launch the executable graph `exec` on `stream`, ordered after the last uses of `holds`
-    /// (the bindings it recorded) on other streams, and mark them used by it.
-    pub(crate) fn replay_holding(
-        &mut self,
-        exec: Raw<sys::CUgraphExec>,
-        stream: StreamId,
-        holds: &[Binding],
-    ) -> Result<(), ServerError> {
-        let refs: Vec<&Binding> = holds.iter().collect();
-        self.order_after(stream, &refs)?;
-        let raw = self.stream(stream)?.queue.raw;
-        // SAFETY: the executable graph and the stream are alive; the graph's memory is kept
-        // alive by `holds`.
-        unsafe { result::graph::launch(exec.0, raw.0) }.check("cuGraphLaunch")?;
-        self.mark(stream, &refs, None)
-    }
-
     /// `graph_release`: the executable graph and its bindings are kept alive until the work queued
     /// on its stream so far completed.
-    pub(crate) fn release_graph(&mut self, graph: GraphId) {
+    fn graph_release(&mut self, graph: GraphId) {
         self.settle_quietly();
         let Some(g) = self.graphs.remove(graph) else {
             return;

@@ -4,6 +4,7 @@
 
 use std::sync::Arc;
 
+use compute_core::backend::ServerKit;
 use compute_core::error::LaunchError;
 use compute_core::{Binding, CubeCount, ExecutionMode, KernelArguments, ServerError, StreamId};
 use cudarc::driver::{result, sys};

@@ -168,7 +168,7 @@ impl PinnedPool {
     }
 
     /// A pinned buffer of `len` bytes (contents unspecified), the caller's: the server's
-    /// [`host_memory_usage`](compute_core::ComputeServer::host_memory_usage) does not count it
+    /// [`host_memory_usage`](compute_core::ServerMemory::host_memory_usage) does not count it
     /// until it drops back into the pool.
     pub fn take(self: &Arc<Self>, len: usize) -> Result<PinnedBuffer, ServerError> {
         self.take_for(len, Holder::Caller)

@@ -1,17 +1,20 @@
 //! Profiling: a profile is the device time between two CUDA timing events recorded on the
 //! stream at `profile_start` and `profile_end`.
 
+use compute_core::backend::ServerKit;
 use compute_core::future::DynFut;
 use compute_core::profile::ProfileToken;
-use compute_core::{ProfileDuration, ProfileError, ServerError, StreamId, TimingMethod};
+use compute_core::{
+    ProfileDuration, ProfileError, ServerError, ServerProfile, StreamId, TimingMethod,
+};
 use cudarc::driver::{result, sys};
 
 use crate::driver::{Check, Raw};
 use crate::server::{CudaServer, ready};
 
-impl CudaServer {
+impl ServerProfile for CudaServer {
     /// `profile_start`: a timing event recorded on `stream`.
-    pub(crate) fn profile_begin(&mut self, stream: StreamId) -> Result<ProfileToken, ProfileError> {
+    fn profile_start(&mut self, stream: StreamId) -> Result<ProfileToken, ProfileError> {
         self.settle()?;
         self.ensure_not_capturing(stream, "profile")?;
         let raw = self.stream(stream)?.queue.raw;
@@ -27,7 +30,7 @@ impl CudaServer {
     }
 
     /// `profile_end`: a second timing event; the future waits for it and reads the elapsed time.
-    pub(crate) fn profile_finish(
+    fn profile_end(
         &mut self,
         token: ProfileToken,
         stream: StreamId,

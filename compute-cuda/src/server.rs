@@ -1,27 +1,23 @@
-//! The CUDA server: the struct, its construction, and the [`ComputeServer`] calls, each delegating
-//! to the file of its role: [`transfer`](crate::transfer) (write, read, get_resource),
-//! [`staging`](crate::staging) (the pinned staging of pageable writes), [`launch`](crate::launch),
-//! [`graph`](crate::graph) (capture and replay), [`profile`](crate::profile),
-//! [`collective`](crate::collective) (NCCL), [`stream`](crate::stream) (stream order, sync and
-//! retirement) and [`storage`](crate::storage) (device memory). A stream per `StreamId`, pools
-//! over device memory and graphs are kept by compute-core's backend kit ([`Streams`], [`Graphs`]).
+//! The CUDA server: the struct, its construction, its [`ServerKit`] and the [`ComputeServer`]
+//! core calls. Each role trait is implemented in the file of its role:
+//! [`storage`](crate::storage) (`ServerMemory`: device memory, retirement, host memory),
+//! [`transfer`](crate::transfer) (`ServerTransfer`; `get_resource`), [`staging`](crate::staging)
+//! (the pinned staging of pageable writes), [`launch`](crate::launch), [`graph`](crate::graph)
+//! (`ServerGraph`), [`profile`](crate::profile) (`ServerProfile`),
+//! [`collective`](crate::collective) (`ServerCollective`: NCCL) and [`stream`](crate::stream)
+//! (stream order, flush and sync). A stream per `StreamId`, pools over device memory and graphs
+//! are kept by compute-core's backend kit ([`Streams`], [`Graphs`]).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use compute_core::backend::{CreateRules, Graphs, StreamEntry, Streams};
+use compute_core::backend::{CreateRules, Graphs, ServerKit, StreamEntry, Streams};
 use compute_core::future::DynFut;
-use compute_core::graph::GraphId;
 use compute_core::handle::HandleOwner;
 use compute_core::kernel::KernelId;
-use compute_core::memory::{
-    HostMemoryUsage, MemoryAllocationMode, MemoryPoolsConfig, MemoryUsage, PoolConfigError,
-};
-use compute_core::profile::ProfileToken;
 use compute_core::{
-    Binding, Bytes, ComputeServer, CopyDescriptor, CubeCount, DeviceId, DeviceProperties, ElemType,
-    ExecutionMode, KernelArguments, MemoryLayout, MemoryLayoutDescriptor, ProfileDuration,
-    ProfileError, ReduceOperation, ServerError, StreamId,
+    Binding, ComputeServer, CubeCount, DeviceId, DeviceProperties, ExecutionMode, KernelArguments,
+    ServerError, StreamId,
 };
 use cudarc::driver::{result, sys};
 use hashbrown::HashMap;
@@ -144,29 +140,6 @@ impl CudaServer {
         &self.pinned
     }
 
-    /// The CUDA layout of a `create`: 256-byte starts, 128-byte row pitch (the pools refuse one
-    /// allocation above `max_page_size`).
-    pub(crate) fn create_rules(&self) -> CreateRules {
-        CreateRules {
-            alignment: CUDA_ALIGNMENT,
-            pitch_alignment: self.properties.pitch_alignment,
-        }
-    }
-
-    /// The stream `id` (created on first use), with the device's context bound. What its
-    /// completed work kept alive is retired on the way, unless a capture runs on it (a capturing
-    /// stream's events are never queried).
-    pub(crate) fn stream(&mut self, id: StreamId) -> Result<&mut StreamState, ServerError> {
-        self.context.bind()?;
-        let state = self
-            .streams
-            .get_or_create(id, || Ok((CudaStorage::new(), StreamQueue::new()?)))?;
-        if state.capture.is_none() {
-            state.queue.retire(&mut self.events);
-        }
-        Ok(state)
-    }
-
     pub(crate) fn resolve(&mut self, binding: &Binding) -> Result<CudaResource, ServerError> {
         self.streams.resolve(binding)
     }
@@ -180,6 +153,50 @@ impl CudaServer {
     ) -> Result<(), ServerError> {
         self.stream(stream)?;
         self.streams.ensure_not_capturing(stream, what)
+    }
+}
+
+/// The kit behind the role traits' defaults: the CUDA streams, graphs and create layout.
+impl ServerKit for CudaServer {
+    type KitStorage = CudaStorage;
+    type KitQueue = StreamQueue;
+    type KitCapture = Vec<Binding>;
+    type KitGraph = CudaGraph;
+
+    fn kit_streams(&self) -> &Streams<CudaStorage, StreamQueue, Vec<Binding>> {
+        &self.streams
+    }
+
+    fn kit_parts(
+        &mut self,
+    ) -> (
+        &mut Streams<CudaStorage, StreamQueue, Vec<Binding>>,
+        &mut Graphs<CudaGraph>,
+    ) {
+        (&mut self.streams, &mut self.graphs)
+    }
+
+    /// The stream `id` (created on first use), with the device's context bound. What its
+    /// completed work kept alive is retired on the way, unless a capture runs on it (a capturing
+    /// stream's events are never queried).
+    fn stream(&mut self, id: StreamId) -> Result<&mut StreamState, ServerError> {
+        self.context.bind()?;
+        let state = self
+            .streams
+            .get_or_create(id, || Ok((CudaStorage::new(), StreamQueue::new()?)))?;
+        if state.capture.is_none() {
+            state.queue.retire(&mut self.events);
+        }
+        Ok(state)
+    }
+
+    /// The CUDA layout of a `create`: 256-byte starts, 128-byte row pitch (the pools refuse one
+    /// allocation above `max_page_size`).
+    fn create_rules(&self) -> CreateRules {
+        CreateRules {
+            alignment: CUDA_ALIGNMENT,
+            pitch_alignment: self.properties.pitch_alignment,
+        }
     }
 }
 
@@ -198,50 +215,6 @@ impl ComputeServer for CudaServer {
 
     fn properties(&self) -> DeviceProperties {
         self.properties.clone()
-    }
-
-    fn owner(&self) -> HandleOwner {
-        self.owner
-    }
-
-    fn create(
-        &mut self,
-        descriptors: &[MemoryLayoutDescriptor],
-        stream: StreamId,
-    ) -> Result<Vec<MemoryLayout>, ServerError> {
-        // The pools may hand back blocks to the driver: the DMAs into them must be enqueued.
-        self.settle()?;
-        let (owner, rules) = (self.owner, self.create_rules());
-        self.stream(stream)?
-            .create(owner, stream, descriptors, &rules)
-    }
-
-    fn write(
-        &mut self,
-        writes: Vec<(CopyDescriptor, Bytes)>,
-        stream: StreamId,
-    ) -> Result<(), ServerError> {
-        self.write_all(writes, stream)
-    }
-
-    fn write_from_slice(
-        &mut self,
-        descriptor: CopyDescriptor,
-        data: &[u8],
-        stream: StreamId,
-    ) -> Result<(), ServerError> {
-        self.write_slice(descriptor, data, stream)
-    }
-
-    fn read(
-        &mut self,
-        descriptors: Vec<CopyDescriptor>,
-        stream: StreamId,
-    ) -> DynFut<Result<Vec<Bytes>, ServerError>> {
-        match self.read_inner(descriptors, stream) {
-            Ok(future) => future,
-            Err(e) => ready(Err(e)),
-        }
     }
 
     fn get_resource(
@@ -270,120 +243,6 @@ impl ComputeServer for CudaServer {
 
     fn sync(&mut self, stream: StreamId) -> DynFut<Result<(), ServerError>> {
         self.sync_stream(stream)
-    }
-
-    fn stream_ids(&self) -> Vec<StreamId> {
-        self.streams.ids()
-    }
-
-    fn memory_usage(&mut self, stream: StreamId) -> Result<MemoryUsage, ServerError> {
-        self.context.bind()?;
-        if let Some(state) = self.streams.get_mut(stream) {
-            // What completed work kept alive (a dropped graph's buffers, say) is free by now:
-            // report it so, without waiting for a later call to retire it.
-            state.queue.retire_completed(&mut self.events);
-        }
-        self.stream(stream)?;
-        Ok(self.streams.memory_usage(stream))
-    }
-
-    /// The pinned host memory of the server's pool: staging ring slots, strided write staging,
-    /// buffers of reads not collected, and free buffers kept for reuse; not what a read returned
-    /// (the caller's). See [`CudaServer::host_memory`].
-    fn host_memory_usage(&mut self) -> HostMemoryUsage {
-        self.host_memory()
-    }
-
-    fn memory_cleanup(&mut self, stream: StreamId) {
-        self.cleanup_memory(stream);
-    }
-
-    fn retire_stream(&mut self, stream: StreamId, wait: bool) -> bool {
-        self.retire_idle(stream, wait)
-    }
-
-    fn allocation_mode(
-        &mut self,
-        mode: MemoryAllocationMode,
-        stream: StreamId,
-    ) -> MemoryAllocationMode {
-        self.stream(stream)
-            .map_or(MemoryAllocationMode::Auto, |state| state.memory.mode(mode))
-    }
-
-    fn configure_memory_pools(
-        &mut self,
-        config: &MemoryPoolsConfig,
-        stream: StreamId,
-    ) -> Result<bool, PoolConfigError> {
-        config.resolve(&self.properties.memory)?;
-        self.settle_quietly();
-        // Binds the context (the rebuild frees blocks) and creates the stream if needed; the
-        // layout is kept for later streams even when that fails.
-        let created = self.stream(stream).is_ok();
-        let applied = self.streams.configure_memory_pools(config, stream)?;
-        Ok(created && applied)
-    }
-
-    fn staging(&mut self, bytes: &mut [&mut Bytes], file_only: bool) -> Result<(), ServerError> {
-        self.stage_bytes(bytes, file_only)
-    }
-
-    fn graph_prepare(&mut self, stream: StreamId) -> Result<(), ServerError> {
-        self.settle()?;
-        self.stream(stream)?.prepare_graph(stream)
-    }
-
-    fn begin_capture(&mut self, stream: StreamId) -> Result<(), ServerError> {
-        self.capture_begin(stream)
-    }
-
-    fn end_capture(&mut self, stream: StreamId) -> Result<GraphId, ServerError> {
-        self.capture_end(stream)
-    }
-
-    fn graph_replay(&mut self, graph: GraphId, stream: StreamId) -> Result<(), ServerError> {
-        self.replay(graph, stream)
-    }
-
-    fn graph_release(&mut self, graph: GraphId) {
-        self.release_graph(graph);
-    }
-
-    fn profile_start(&mut self, stream: StreamId) -> Result<ProfileToken, ProfileError> {
-        self.profile_begin(stream)
-    }
-
-    fn profile_end(
-        &mut self,
-        token: ProfileToken,
-        stream: StreamId,
-    ) -> DynFut<Result<ProfileDuration, ProfileError>> {
-        self.profile_finish(token, stream)
-    }
-
-    fn ensure_init_collective(
-        &mut self,
-        devices: &[DeviceId],
-        stream: StreamId,
-    ) -> Result<(), ServerError> {
-        self.init_collective(devices, stream)
-    }
-
-    fn all_reduce(
-        &mut self,
-        src: Binding,
-        dst: Binding,
-        dtype: ElemType,
-        devices: Vec<DeviceId>,
-        op: ReduceOperation,
-        stream: StreamId,
-    ) -> Result<(), ServerError> {
-        self.all_reduce_group(src, dst, dtype, devices, op, stream)
-    }
-
-    fn sync_collective(&mut self, _stream: StreamId) -> DynFut<Result<(), ServerError>> {
-        self.sync_comm_streams()
     }
 }
 

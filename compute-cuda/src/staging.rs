@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use compute_core::copy::Stores;
-use compute_core::{Bytes, BytesKind, HostMemoryUsage, ServerError};
+use compute_core::{Bytes, BytesKind, ServerError};
 use cudarc::driver::{result, sys};
 
 use crate::driver::{Check, Context, Raw};
@@ -225,7 +225,7 @@ pub(crate) struct Issue {
 
 impl Issue {
     /// Whether the issue's driver calls were made (or failed).
-    fn is_done(&self) -> bool {
+    pub(crate) fn is_done(&self) -> bool {
         self.done.load(core::sync::atomic::Ordering::Acquire)
     }
 
@@ -670,63 +670,6 @@ impl CudaServer {
             if let Some(e) = self.issue_errors.lock().take() {
                 self.issue_error.get_or_insert(e);
             }
-        }
-    }
-
-    /// [`ComputeServer::host_memory_usage`](compute_core::ComputeServer::host_memory_usage): the
-    /// pinned host memory of this server's [`PinnedPool`] (its own: no other server shares it),
-    /// in whole size classes as `cuMemHostAlloc` allocated them. Counted: the slots of the two
-    /// staging rings ([`StagingRing`], `staging` and `small_staging`), the pinned staging of
-    /// strided pageable writes, the buffers of reads whose future has not finished, and the free
-    /// buffers the pool keeps for reuse (at most 2 GiB; freed when the pool drops). Not counted:
-    /// what a read returned (a pinned buffer the caller holds; it is counted again, as free,
-    /// once dropped back into the pool), bytes the `staging` call moved into pinned memory and
-    /// buffers taken with [`PinnedPool::take`] (the caller's too, even while a write copies from
-    /// them), the driver's own staging of pageable copies, and the device pools
-    /// ([`memory_usage`](compute_core::ComputeServer::memory_usage)).
-    ///
-    /// `bytes_reserved` is all the server's pinned memory: what it holds plus the free buffers.
-    /// `bytes_in_use` is what it holds less the ring slots no copy may still read from (checked
-    /// with `cuEventQuery` / `cuStreamQuery`, without blocking): ring slots still being copied
-    /// into or read by a DMA, strided write staging whose copy is not seen complete yet, and
-    /// reads not collected. Completed work on streams that do not capture is retired first (when
-    /// no stream captures), so after a sync of every stream, with every read's future finished,
-    /// nothing is in use.
-    pub(crate) fn host_memory(&mut self) -> HostMemoryUsage {
-        let bound = self.context.bind().is_ok();
-        // Dropping what completed work kept alive may free pinned memory, which would
-        // invalidate a capture running on any stream of the device: not while one runs.
-        if bound && !self.streams.any_capturing() {
-            for (_, state) in self.streams.iter_mut() {
-                state.queue.retire_completed(&mut self.events);
-            }
-        }
-        let pool = self.pinned.usage();
-        let idle = if bound {
-            let streams = &self.streams;
-            let capturing = |raw: Raw<sys::CUstream>| {
-                streams
-                    .iter()
-                    .any(|(_, state)| state.capture.is_some() && state.queue.raw.0 == raw.0)
-            };
-            // Issues are made in order: once the last is done, every piece's DMA is enqueued.
-            let issued = self
-                .issuing
-                .as_ref()
-                .is_none_or(|(issue, _)| issue.is_done());
-            // Small writes are copied and enqueued on the server's thread.
-            self.staging.idle_bytes(issued, &capturing)
-                + self.small_staging.idle_bytes(true, &capturing)
-        } else {
-            0
-        };
-        debug_assert!(
-            self.staging.reserved_bytes() + self.small_staging.reserved_bytes() <= pool.held,
-            "the staging rings' slots are the server's pinned buffers"
-        );
-        HostMemoryUsage {
-            bytes_reserved: pool.cached + pool.held,
-            bytes_in_use: pool.held.saturating_sub(idle),
         }
     }
 

@@ -4,7 +4,7 @@
 
 use std::collections::VecDeque;
 
-use compute_core::backend::StreamEntry;
+use compute_core::backend::{ServerKit, StreamEntry};
 use compute_core::future::DynFut;
 use compute_core::handle::StreamPoint;
 use compute_core::{Binding, Bytes, ServerError, StreamId};
@@ -154,7 +154,7 @@ impl Drop for WaitEvents {
 pub(crate) type StreamState = StreamEntry<CudaStorage, StreamQueue, Vec<Binding>>;
 
 /// The CUDA side of one stream of the server.
-pub(crate) struct StreamQueue {
+pub struct StreamQueue {
     pub(crate) raw: Raw<sys::CUstream>,
     /// Commands submitted so far (the `seq` of access logs).
     pub(crate) seq: u64,
@@ -487,48 +487,5 @@ impl CudaServer {
             Ok(event) => Box::pin(self.event_future(event)),
             Err(e) => ready(Err(e)),
         }
-    }
-
-    /// `retire_stream`: drop the stream when it is idle (waited for, with `wait`), not capturing
-    /// and holding no live handle.
-    pub(crate) fn retire_idle(&mut self, stream: StreamId, wait: bool) -> bool {
-        let Some(raw) = self.streams.get(stream).map(|s| s.queue.raw) else {
-            return true;
-        };
-        if self.context.bind().is_err() {
-            return false;
-        }
-        // A capturing stream is not retired, and not even queried: a status query of a
-        // capturing stream invalidates its capture.
-        if self.streams.is_capturing(stream) {
-            return false;
-        }
-        if wait {
-            // The copy team's driver calls may target the stream.
-            self.settle_quietly();
-        } else {
-            // Without waiting: nothing handed to the copy team, and the stream idle.
-            if self.issuing.is_some() {
-                return false;
-            }
-            // SAFETY: the stream is alive (owned by its state).
-            let idle = unsafe { sys::cuStreamQuery(raw.0) } == sys::CUresult::CUDA_SUCCESS;
-            if !idle {
-                return false;
-            }
-        }
-        let (staging, small_staging, events) =
-            (&mut self.staging, &mut self.small_staging, &mut self.events);
-        // Retired when not capturing (checked again), idle and holding no live handle. Dropping
-        // the state frees its pools' device memory (the stream is idle by then) and synchronizes
-        // and destroys the CUDA stream and its events.
-        self.streams.try_retire(stream, |state| {
-            // A staging slot whose copies ran on the stream gets its closing event now (the
-            // stream is destroyed below); then its work completes and releases what it kept
-            // alive.
-            staging.close_on(state.queue.raw, events).is_ok()
-                && small_staging.close_on(state.queue.raw, events).is_ok()
-                && state.queue.wait_idle(events).is_ok()
-        })
     }
 }

@@ -2,13 +2,16 @@
 //! ring, strided tensors as 2-D copies of row blocks), `read` into pinned buffers, and
 //! `get_resource`.
 
+use compute_core::backend::ServerKit;
 use compute_core::future::DynFut;
 use compute_core::layout::contiguous_strides;
-use compute_core::{Binding, Bytes, BytesKind, CopyDescriptor, ServerError, StreamId};
+use compute_core::{
+    Binding, Bytes, BytesKind, CopyDescriptor, ServerError, ServerTransfer, StreamId,
+};
 use cudarc::driver::{result, sys};
 
 use crate::driver::Check;
-use crate::server::CudaServer;
+use crate::server::{CudaServer, ready};
 use crate::staging::{SMALL_PIECE, StagingPlan};
 use crate::storage::CudaResource;
 use crate::stream::KeepAlive;
@@ -163,35 +166,6 @@ unsafe fn copy_block(
 }
 
 impl CudaServer {
-    /// `write`: each copy in order, refused while a capture runs.
-    pub(crate) fn write_all(
-        &mut self,
-        writes: Vec<(CopyDescriptor, Bytes)>,
-        stream: StreamId,
-    ) -> Result<(), ServerError> {
-        self.ensure_not_capturing(stream, "write")?;
-        for (descriptor, bytes) in writes {
-            self.write_one(stream, descriptor, bytes)?;
-        }
-        Ok(())
-    }
-
-    /// `write_from_slice`: a compact write is staged straight from `data`.
-    pub(crate) fn write_slice(
-        &mut self,
-        descriptor: CopyDescriptor,
-        data: &[u8],
-        stream: StreamId,
-    ) -> Result<(), ServerError> {
-        self.ensure_not_capturing(stream, "write")?;
-        if is_compact(&descriptor.shape, &descriptor.strides) {
-            // Staged straight from the borrowed bytes: no intermediate host copy.
-            self.write_pageable(stream, descriptor, data)
-        } else {
-            self.write_one(stream, descriptor, Bytes::from_slice(data))
-        }
-    }
-
     pub(crate) fn write_one(
         &mut self,
         stream: StreamId,
@@ -246,7 +220,7 @@ impl CudaServer {
     /// A contiguous write from pageable host bytes, which it reads only before it returns (they
     /// are copied into pinned staging, or handed to the driver's own staging copy): the path of
     /// both owned pageable [`Bytes`] and a borrowed slice
-    /// ([`ComputeServer::write_from_slice`](compute_core::ComputeServer::write_from_slice)).
+    /// ([`ServerTransfer::write_from_slice`](compute_core::ServerTransfer::write_from_slice)).
     pub(crate) fn write_pageable(
         &mut self,
         stream: StreamId,
@@ -361,6 +335,48 @@ impl CudaServer {
             state.queue.wait_idle(&mut self.events)?;
         }
         Ok(resource)
+    }
+}
+
+impl ServerTransfer for CudaServer {
+    fn read(
+        &mut self,
+        descriptors: Vec<CopyDescriptor>,
+        stream: StreamId,
+    ) -> DynFut<Result<Vec<Bytes>, ServerError>> {
+        match self.read_inner(descriptors, stream) {
+            Ok(future) => future,
+            Err(e) => ready(Err(e)),
+        }
+    }
+
+    /// `write`: each copy in order, refused while a capture runs.
+    fn write(
+        &mut self,
+        writes: Vec<(CopyDescriptor, Bytes)>,
+        stream: StreamId,
+    ) -> Result<(), ServerError> {
+        self.ensure_not_capturing(stream, "write")?;
+        for (descriptor, bytes) in writes {
+            self.write_one(stream, descriptor, bytes)?;
+        }
+        Ok(())
+    }
+
+    /// `write_from_slice`: a compact write is staged straight from `data`.
+    fn write_from_slice(
+        &mut self,
+        descriptor: CopyDescriptor,
+        data: &[u8],
+        stream: StreamId,
+    ) -> Result<(), ServerError> {
+        self.ensure_not_capturing(stream, "write")?;
+        if is_compact(&descriptor.shape, &descriptor.strides) {
+            // Staged straight from the borrowed bytes: no intermediate host copy.
+            self.write_pageable(stream, descriptor, data)
+        } else {
+            self.write_one(stream, descriptor, Bytes::from_slice(data))
+        }
     }
 }
 

@@ -14,7 +14,9 @@ use std::sync::Arc;
 use ash::vk;
 use compute_core::collective::{HostCollectives, HostRendezvous};
 use compute_core::future::{DynFut, Receiver};
-use compute_core::{Binding, DeviceId, ElemType, ReduceOperation, ServerError, StreamId};
+use compute_core::{
+    Binding, DeviceId, ElemType, ReduceOperation, ServerCollective, ServerError, StreamId,
+};
 
 use crate::batch::{CommandPool, Staging, barrier};
 use crate::context::Context;
@@ -140,9 +142,11 @@ impl VulkanServer {
     fn check_group(&self, devices: &[DeviceId]) -> Result<Vec<DeviceId>, ServerError> {
         compute_core::collective::check_group(devices, self.owner.device, device_count(), "vulkan")
     }
+}
 
-    /// [`ComputeServer::ensure_init_collective`](compute_core::ComputeServer::ensure_init_collective).
-    pub(crate) fn init_collective(
+impl ServerCollective for VulkanServer {
+    /// [`ServerCollective::ensure_init_collective`](compute_core::ServerCollective::ensure_init_collective).
+    fn ensure_init_collective(
         &mut self,
         devices: &[DeviceId],
         _stream: StreamId,
@@ -152,8 +156,8 @@ impl VulkanServer {
         Ok(())
     }
 
-    /// [`ComputeServer::all_reduce`](compute_core::ComputeServer::all_reduce).
-    pub(crate) fn all_reduce_on_group(
+    /// [`ServerCollective::all_reduce`](compute_core::ServerCollective::all_reduce).
+    fn all_reduce(
         &mut self,
         src: Binding,
         dst: Binding,
@@ -196,8 +200,8 @@ impl VulkanServer {
         crate::collective::submit(&mut self.collectives, &self.ctx, self.family, round)
     }
 
-    /// [`ComputeServer::sync_collective`](compute_core::ComputeServer::sync_collective).
-    pub(crate) fn sync_groups(&mut self, _stream: StreamId) -> DynFut<Result<(), ServerError>> {
+    /// [`ServerCollective::sync_collective`](compute_core::ServerCollective::sync_collective).
+    fn sync_collective(&mut self, _stream: StreamId) -> DynFut<Result<(), ServerError>> {
         let rx = crate::collective::marker(&mut self.collectives);
         Box::pin(async move {
             rx.await

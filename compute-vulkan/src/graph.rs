@@ -4,8 +4,9 @@
 use std::any::Any;
 
 use ash::vk;
+use compute_core::backend::ServerKit;
 use compute_core::graph::GraphId;
-use compute_core::{ServerError, StreamId};
+use compute_core::{ServerError, ServerGraph, StreamId};
 
 use crate::batch::{Linear, Staging, stage};
 use crate::ops::{Op, Ops};
@@ -15,7 +16,7 @@ use crate::server::VulkanServer;
 /// to the open batch (recorded into the batch's own command buffer on the submit thread, as plain
 /// launches are: no simultaneous-use command buffer, which drivers may copy or patch at every
 /// submission), and the buffer ranges used since the capture's last barrier.
-pub(crate) struct Capture {
+pub struct Capture {
     pub(crate) ops: Ops,
     pub(crate) linear: Linear,
     pub(crate) since_barrier: Vec<(vk::Buffer, u64, u64)>,
@@ -49,15 +50,15 @@ impl Capture {
 }
 
 /// A captured graph: its commands, appended to the open batch on each replay, and what they use.
-pub(crate) struct VulkanGraph {
+pub struct VulkanGraph {
     ops: Ops,
     _keep: Vec<Box<dyn Any + Send>>,
     _chunks: Vec<Staging>,
 }
 
-impl VulkanServer {
-    /// [`ComputeServer::begin_capture`](compute_core::ComputeServer::begin_capture).
-    pub(crate) fn start_capture(&mut self, stream: StreamId) -> Result<(), ServerError> {
+impl ServerGraph for VulkanServer {
+    /// [`ServerGraph::begin_capture`](compute_core::ServerGraph::begin_capture).
+    fn begin_capture(&mut self, stream: StreamId) -> Result<(), ServerError> {
         let capture = Capture {
             ops: Ops::default(),
             linear: Linear::default(),
@@ -69,8 +70,8 @@ impl VulkanServer {
         Ok(())
     }
 
-    /// [`ComputeServer::end_capture`](compute_core::ComputeServer::end_capture).
-    pub(crate) fn finish_capture(&mut self, stream: StreamId) -> Result<GraphId, ServerError> {
+    /// [`ServerGraph::end_capture`](compute_core::ServerGraph::end_capture).
+    fn end_capture(&mut self, stream: StreamId) -> Result<GraphId, ServerError> {
         let mut capture = self.stream(stream)?.end_capture(stream)?;
         self.captures -= 1;
         let graph = VulkanGraph {
@@ -81,8 +82,8 @@ impl VulkanServer {
         Ok(self.graphs.insert(stream, graph))
     }
 
-    /// [`ComputeServer::graph_replay`](compute_core::ComputeServer::graph_replay).
-    pub(crate) fn replay(&mut self, graph: GraphId, stream: StreamId) -> Result<(), ServerError> {
+    /// [`ServerGraph::graph_replay`](compute_core::ServerGraph::graph_replay).
+    fn graph_replay(&mut self, graph: GraphId, stream: StreamId) -> Result<(), ServerError> {
         self.ensure_not_capturing(stream, "graph replay")?;
         // A graph may hold guarded indirect launches: read the guard's status at the next sync.
         if let Some(guard) = &mut self.guard {
@@ -95,8 +96,8 @@ impl VulkanServer {
         self.after_command()
     }
 
-    /// [`ComputeServer::graph_release`](compute_core::ComputeServer::graph_release).
-    pub(crate) fn release_graph(&mut self, graph: GraphId) {
+    /// [`ServerGraph::graph_release`](compute_core::ServerGraph::graph_release).
+    fn graph_release(&mut self, graph: GraphId) {
         if let Some(g) = self.graphs.remove(graph) {
             // Its buffers return to their pools as soon as its last replay has run: now when it
             // has, else when the server next recycles after that (a sync, then any call that

@@ -5,11 +5,12 @@
 //! cleared) by the next sync, which returns `LaunchError::CubeCountTooLarge`. This is what wgpu's
 //! indirect validation does, plus the report.
 
+use compute_core::backend::ServerKit;
 use compute_core::future::DynFut;
 use compute_core::kernel::{KernelBuilder, KernelDefinition};
 use compute_core::{
     Binding, Bytes, ComputeServer, CubeCount, ElemType, ExecutionMode, Handle, KernelArguments,
-    ServerError, StreamId,
+    ServerError, ServerTransfer, StreamId,
 };
 
 use crate::kernel::VulkanKernel;

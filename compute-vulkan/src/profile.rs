@@ -6,7 +6,9 @@ use std::sync::Arc;
 use ash::vk;
 use compute_core::future::DynFut;
 use compute_core::profile::{ProfileToken, device_profile, host_profile};
-use compute_core::{ComputeServer, ProfileDuration, ProfileError, ServerError, StreamId};
+use compute_core::{
+    ComputeServer, ProfileDuration, ProfileError, ServerError, ServerProfile, StreamId,
+};
 
 use crate::batch::stage;
 use crate::context::Context;
@@ -47,9 +49,11 @@ impl VulkanServer {
         rec.timestamp(pool, index);
         Ok(())
     }
+}
 
-    /// [`ComputeServer::profile_start`](compute_core::ComputeServer::profile_start).
-    pub(crate) fn start_profile(&mut self, stream: StreamId) -> Result<ProfileToken, ProfileError> {
+impl ServerProfile for VulkanServer {
+    /// [`ServerProfile::profile_start`](compute_core::ServerProfile::profile_start).
+    fn profile_start(&mut self, stream: StreamId) -> Result<ProfileToken, ProfileError> {
         self.ensure_not_capturing(stream, "profile")?;
         let queries = if self.properties.features.device_timestamps {
             let pool = self.profile_queries()?;
@@ -61,8 +65,8 @@ impl VulkanServer {
         Ok(self.profiles.start(queries))
     }
 
-    /// [`ComputeServer::profile_end`](compute_core::ComputeServer::profile_end).
-    pub(crate) fn end_profile(
+    /// [`ServerProfile::profile_end`](compute_core::ServerProfile::profile_end).
+    fn profile_end(
         &mut self,
         token: ProfileToken,
         stream: StreamId,

@@ -4,11 +4,12 @@
 //! host-staged collectives.
 //!
 //! This file holds the struct, its construction, the stream and memory bookkeeping (compute-core's
-//! [`Streams`] behind a small resolve cache), the batch submission helpers and the
-//! [`ComputeServer`] impl, whose methods mostly delegate to the role files: `transfer.rs`
-//! (writes, reads), `launch.rs` (launches), `guard.rs` (the indirect dispatch guard), `graph.rs`
-//! (capture, replay), `profile.rs` (timestamps), `collective.rs` (all-reduce) and
-//! `compiler/pipeline.rs` (the pipeline lookup).
+//! [`Streams`] behind a small resolve cache), the batch submission helpers, the [`ServerKit`] and
+//! the [`ComputeServer`] core calls. Each role trait is implemented in the file of its role:
+//! `storage.rs` (`ServerMemory`), `transfer.rs` (`ServerTransfer`: writes, reads), `launch.rs`
+//! (launches), `guard.rs` (the indirect dispatch guard), `graph.rs` (`ServerGraph`: capture,
+//! replay), `profile.rs` (`ServerProfile`: timestamps), `collective.rs` (`ServerCollective`:
+//! all-reduce) and `compiler/pipeline.rs` (the pipeline lookup).
 //!
 //! Ordering: every stream records into the server's one batch, in issue order, and batches are
 //! submitted to the one queue in order with a barrier between consecutive commands, so work runs
@@ -19,21 +20,15 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 
 use ash::vk;
-use compute_core::backend::{CreateRules, Graphs, StreamEntry, Streams};
+use compute_core::backend::{CreateRules, Graphs, ServerKit, StreamEntry, Streams};
 use compute_core::future::DynFut;
-use compute_core::graph::GraphId;
 use compute_core::handle::HandleOwner;
 use compute_core::kernel::KernelId;
-use compute_core::memory::{
-    HostMemoryUsage, MemoryAllocationMode, MemoryDeviceProperties, MemoryPoolsConfig, MemoryUsage,
-    PoolConfigError, SliceId,
-};
-use compute_core::profile::{ProfileTable, ProfileToken};
+use compute_core::memory::{MemoryDeviceProperties, SliceId};
+use compute_core::profile::ProfileTable;
 use compute_core::{
-    Binding, Bytes, ComputeServer, CopyDescriptor, CubeCount, DeviceId, DeviceProperties, ElemType,
-    ExecutionMode, Features, Handle, HardwareProperties, KernelArguments, MemoryLayout,
-    MemoryLayoutDescriptor, ProfileDuration, ProfileError, ReduceOperation, ServerError, StreamId,
-    TimingMethod,
+    Binding, ComputeServer, CubeCount, DeviceProperties, ElemType, ExecutionMode, Features,
+    HardwareProperties, KernelArguments, ServerError, StreamId, TimingMethod,
 };
 use hashbrown::HashMap;
 
@@ -341,26 +336,6 @@ impl VulkanServer {
         &self.ctx.device
     }
 
-    /// The layout of a `create`: slices start at the slice alignment, rows are packed, and an
-    /// allocation larger than one block can be (the least of maxStorageBufferRange,
-    /// maxBufferSize and maxMemoryAllocationSize, rounded down to the slice alignment) is
-    /// [`ServerError::BufferTooLarge`].
-    fn create_rules(&self) -> CreateRules {
-        CreateRules {
-            alignment: self.slice_align,
-            pitch_alignment: None,
-        }
-    }
-
-    pub(crate) fn stream(&mut self, id: StreamId) -> Result<&mut StreamState, ServerError> {
-        let (ctx, retired) = (&self.ctx, &self.retired);
-        let (slice_align, max_block) = (self.slice_align, self.max_block);
-        self.streams.get_or_create(id, || {
-            let storage = VulkanStorage::new(ctx.clone(), slice_align, max_block, retired.clone());
-            Ok((storage, ()))
-        })
-    }
-
     /// [`Streams::resolve`] behind the cache of lately resolved bindings.
     pub(crate) fn resolve(&mut self, binding: &Binding) -> Result<VulkanResource, ServerError> {
         binding.check_owner(self.owner)?;
@@ -452,6 +427,47 @@ impl VulkanServer {
     }
 }
 
+/// The kit behind the role traits' defaults: the Vulkan streams, graphs and create layout.
+impl ServerKit for VulkanServer {
+    type KitStorage = VulkanStorage;
+    type KitQueue = ();
+    type KitCapture = Capture;
+    type KitGraph = VulkanGraph;
+
+    fn kit_streams(&self) -> &Streams<VulkanStorage, (), Capture> {
+        &self.streams
+    }
+
+    fn kit_parts(
+        &mut self,
+    ) -> (
+        &mut Streams<VulkanStorage, (), Capture>,
+        &mut Graphs<VulkanGraph>,
+    ) {
+        (&mut self.streams, &mut self.graphs)
+    }
+
+    fn stream(&mut self, id: StreamId) -> Result<&mut StreamState, ServerError> {
+        let (ctx, retired) = (&self.ctx, &self.retired);
+        let (slice_align, max_block) = (self.slice_align, self.max_block);
+        self.streams.get_or_create(id, || {
+            let storage = VulkanStorage::new(ctx.clone(), slice_align, max_block, retired.clone());
+            Ok((storage, ()))
+        })
+    }
+
+    /// The layout of a `create`: slices start at the slice alignment, rows are packed, and an
+    /// allocation larger than one block can be (the least of maxStorageBufferRange,
+    /// maxBufferSize and maxMemoryAllocationSize, rounded down to the slice alignment) is
+    /// [`ServerError::BufferTooLarge`].
+    fn create_rules(&self) -> CreateRules {
+        CreateRules {
+            alignment: self.slice_align,
+            pitch_alignment: None,
+        }
+    }
+}
+
 impl ComputeServer for VulkanServer {
     type Kernel = VulkanKernel;
     type Storage = VulkanStorage;
@@ -463,50 +479,6 @@ impl ComputeServer for VulkanServer {
 
     fn properties(&self) -> DeviceProperties {
         self.properties.clone()
-    }
-
-    fn owner(&self) -> HandleOwner {
-        self.owner
-    }
-
-    fn create(
-        &mut self,
-        descriptors: &[MemoryLayoutDescriptor],
-        stream: StreamId,
-    ) -> Result<Vec<MemoryLayout>, ServerError> {
-        let (owner, rules) = (self.owner, self.create_rules());
-        self.stream(stream)?
-            .create(owner, stream, descriptors, &rules)
-    }
-
-    fn create_buffer(&mut self, size: u64, stream: StreamId) -> Result<Handle, ServerError> {
-        let owner = self.owner;
-        self.stream(stream)?.create_buffer(owner, stream, size)
-    }
-
-    fn write(
-        &mut self,
-        writes: Vec<(CopyDescriptor, Bytes)>,
-        stream: StreamId,
-    ) -> Result<(), ServerError> {
-        self.write_all(writes, stream)
-    }
-
-    fn write_from_slice(
-        &mut self,
-        descriptor: CopyDescriptor,
-        data: &[u8],
-        stream: StreamId,
-    ) -> Result<(), ServerError> {
-        self.write_slice(descriptor, data, stream)
-    }
-
-    fn read(
-        &mut self,
-        descriptors: Vec<CopyDescriptor>,
-        stream: StreamId,
-    ) -> DynFut<Result<Vec<Bytes>, ServerError>> {
-        self.read_all(descriptors, stream)
     }
 
     fn get_resource(
@@ -567,130 +539,6 @@ impl ComputeServer for VulkanServer {
                 None => Ok(()),
             }
         })
-    }
-
-    fn stream_ids(&self) -> Vec<StreamId> {
-        self.streams.ids()
-    }
-
-    fn memory_usage(&mut self, stream: StreamId) -> Result<MemoryUsage, ServerError> {
-        // Release what completed submissions kept (released graphs' buffers among them).
-        self.recorder.recycle();
-        Ok(self.stream(stream)?.memory.memory_usage())
-    }
-
-    /// The device's host-visible staging buffers (write and launch-info chunks, readback and
-    /// collective buffers, and the pool kept for reuse); see [`VulkanServer::host_memory`].
-    fn host_memory_usage(&mut self) -> HostMemoryUsage {
-        self.host_memory()
-    }
-
-    fn memory_cleanup(&mut self, stream: StreamId) {
-        self.forget_resolved();
-        self.streams.cleanup(stream);
-        self.drain_retired();
-        self.recorder.recycle();
-        if self.recorder.is_empty()
-            && self
-                .ctx
-                .completed()
-                .is_ok_and(|c| c >= self.ctx.last_submitted())
-        {
-            self.ctx.trim_staging();
-        }
-    }
-
-    fn retire_stream(&mut self, stream: StreamId, _wait: bool) -> bool {
-        if self.streams.get(stream).is_none() {
-            return true;
-        }
-        // Submissions that use the stream's buffers keep their bindings (in-use slices) until
-        // they complete; a released graph's bindings go at the recycle.
-        self.recorder.recycle();
-        // Dropping the state hands its blocks to the deferred release (freed once the
-        // submissions so far have completed), drained here.
-        if !self.streams.try_retire(stream, |_| true) {
-            return false;
-        }
-        self.forget_resolved();
-        self.drain_retired();
-        true
-    }
-
-    fn allocation_mode(
-        &mut self,
-        mode: MemoryAllocationMode,
-        stream: StreamId,
-    ) -> MemoryAllocationMode {
-        self.stream(stream)
-            .map_or(MemoryAllocationMode::Auto, |state| state.memory.mode(mode))
-    }
-
-    fn configure_memory_pools(
-        &mut self,
-        config: &MemoryPoolsConfig,
-        stream: StreamId,
-    ) -> Result<bool, PoolConfigError> {
-        self.forget_resolved();
-        let rebuilt = self.streams.configure_memory_pools(config, stream);
-        self.drain_retired();
-        rebuilt
-    }
-
-    fn graph_prepare(&mut self, stream: StreamId) -> Result<(), ServerError> {
-        self.stream(stream)?.prepare_graph(stream)
-    }
-
-    fn begin_capture(&mut self, stream: StreamId) -> Result<(), ServerError> {
-        self.start_capture(stream)
-    }
-
-    fn end_capture(&mut self, stream: StreamId) -> Result<GraphId, ServerError> {
-        self.finish_capture(stream)
-    }
-
-    fn graph_replay(&mut self, graph: GraphId, stream: StreamId) -> Result<(), ServerError> {
-        self.replay(graph, stream)
-    }
-
-    fn graph_release(&mut self, graph: GraphId) {
-        self.release_graph(graph)
-    }
-
-    fn profile_start(&mut self, stream: StreamId) -> Result<ProfileToken, ProfileError> {
-        self.start_profile(stream)
-    }
-
-    fn profile_end(
-        &mut self,
-        token: ProfileToken,
-        stream: StreamId,
-    ) -> DynFut<Result<ProfileDuration, ProfileError>> {
-        self.end_profile(token, stream)
-    }
-
-    fn ensure_init_collective(
-        &mut self,
-        devices: &[DeviceId],
-        stream: StreamId,
-    ) -> Result<(), ServerError> {
-        self.init_collective(devices, stream)
-    }
-
-    fn all_reduce(
-        &mut self,
-        src: Binding,
-        dst: Binding,
-        dtype: ElemType,
-        devices: Vec<DeviceId>,
-        op: ReduceOperation,
-        stream: StreamId,
-    ) -> Result<(), ServerError> {
-        self.all_reduce_on_group(src, dst, dtype, devices, op, stream)
-    }
-
-    fn sync_collective(&mut self, stream: StreamId) -> DynFut<Result<(), ServerError>> {
-        self.sync_groups(stream)
     }
 }
 

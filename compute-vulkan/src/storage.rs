@@ -4,8 +4,10 @@
 use std::sync::Arc;
 
 use ash::vk;
-use compute_core::ServerError;
+use compute_core::backend::ServerKit;
+use compute_core::memory::{MemoryPoolsConfig, MemoryUsage, PoolConfigError};
 use compute_core::storage::{ComputeStorage, StorageHandle, StorageId, StorageUtilization};
+use compute_core::{HostMemoryUsage, ServerError, ServerMemory, StreamId};
 use hashbrown::HashMap;
 
 use crate::context::{Context, STORAGE_USAGE};
@@ -140,5 +142,81 @@ impl compute_core::storage::ResourceRange for VulkanResource {
 
     fn range_start(&self) -> u64 {
         self.offset
+    }
+}
+
+/// The memory role: the kit's defaults, with the resolve cache, the deferred block release and
+/// the batch's recycling kept in step.
+impl ServerMemory for crate::server::VulkanServer {
+    fn memory_usage(&mut self, stream: StreamId) -> Result<MemoryUsage, ServerError> {
+        // Release what completed submissions kept (released graphs' buffers among them).
+        self.recorder.recycle();
+        Ok(self.stream(stream)?.memory.memory_usage())
+    }
+
+    /// The host-visible staging memory of the device, which every transfer path takes from
+    /// `Context::take_staging` — the linear chunks of writes and launch info (the open batch's,
+    /// those of submissions in flight, a captured graph's), the readback buffers of reads and of
+    /// collective rounds, the upload buffers of collective rounds — and the pool that keeps
+    /// returned ones for reuse (at most 2 GiB; `memory_cleanup` on an idle device frees it).
+    ///
+    /// `bytes_reserved` is all of it, allocated and not freed; `bytes_in_use` the buffers not in
+    /// the pool: those of the open batch, of submissions not yet recycled, of reads whose future
+    /// has not finished, of collective rounds running, and of live graphs. Submissions that
+    /// completed are recycled first, so after a sync (and with every read's future finished)
+    /// only live graphs' chunks stay in use. Not counted: the `Bytes` a read returns (the
+    /// caller's), the caller's data of a write (dropped after its copy into staging), and the
+    /// device pools, host visible or not ([`memory_usage`](compute_core::ServerMemory::memory_usage)).
+    fn host_memory_usage(&mut self) -> HostMemoryUsage {
+        // Staging of completed submissions goes back to the pool here, on this thread.
+        self.recorder.recycle();
+        let (bytes_reserved, bytes_in_use) = self.ctx.staging_usage();
+        HostMemoryUsage {
+            bytes_reserved,
+            bytes_in_use,
+        }
+    }
+
+    fn memory_cleanup(&mut self, stream: StreamId) {
+        self.forget_resolved();
+        self.streams.cleanup(stream);
+        self.drain_retired();
+        self.recorder.recycle();
+        if self.recorder.is_empty()
+            && self
+                .ctx
+                .completed()
+                .is_ok_and(|c| c >= self.ctx.last_submitted())
+        {
+            self.ctx.trim_staging();
+        }
+    }
+
+    fn retire_stream(&mut self, stream: StreamId, _wait: bool) -> bool {
+        if self.streams.get(stream).is_none() {
+            return true;
+        }
+        // Submissions that use the stream's buffers keep their bindings (in-use slices) until
+        // they complete; a released graph's bindings go at the recycle.
+        self.recorder.recycle();
+        // Dropping the state hands its blocks to the deferred release (freed once the
+        // submissions so far have completed), drained here.
+        if !self.streams.try_retire(stream, |_| true) {
+            return false;
+        }
+        self.forget_resolved();
+        self.drain_retired();
+        true
+    }
+
+    fn configure_memory_pools(
+        &mut self,
+        config: &MemoryPoolsConfig,
+        stream: StreamId,
+    ) -> Result<bool, PoolConfigError> {
+        self.forget_resolved();
+        let rebuilt = self.streams.configure_memory_pools(config, stream);
+        self.drain_retired();
+        rebuilt
     }
 }

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use ash::vk;
 use compute_core::future::DynFut;
 use compute_core::layout::{contiguous_strides, for_each_row};
-use compute_core::{Binding, Bytes, CopyDescriptor, HostMemoryUsage, ServerError, StreamId};
+use compute_core::{Binding, Bytes, CopyDescriptor, ServerError, ServerTransfer, StreamId};
 
 use crate::batch::{Staging, stage};
 use crate::context::Context;
@@ -107,8 +107,22 @@ impl VulkanServer {
         Ok(staging)
     }
 
-    /// [`ComputeServer::write`](compute_core::ComputeServer::write).
-    pub(crate) fn write_all(
+    /// [`ComputeServer::get_resource`](compute_core::ComputeServer::get_resource).
+    pub(crate) fn resource_when_idle(
+        &mut self,
+        binding: Binding,
+        _stream: StreamId,
+    ) -> Result<VulkanResource, ServerError> {
+        let resource = self.resolve(&binding)?;
+        let value = self.submit_or_last()?;
+        self.ctx.wait(value)?;
+        Ok(resource)
+    }
+}
+
+impl ServerTransfer for VulkanServer {
+    /// [`ServerTransfer::write`](compute_core::ServerTransfer::write).
+    fn write(
         &mut self,
         writes: Vec<(CopyDescriptor, Bytes)>,
         stream: StreamId,
@@ -127,8 +141,8 @@ impl VulkanServer {
         Ok(())
     }
 
-    /// [`ComputeServer::write_from_slice`](compute_core::ComputeServer::write_from_slice).
-    pub(crate) fn write_slice(
+    /// [`ServerTransfer::write_from_slice`](compute_core::ServerTransfer::write_from_slice).
+    fn write_from_slice(
         &mut self,
         descriptor: CopyDescriptor,
         data: &[u8],
@@ -140,8 +154,8 @@ impl VulkanServer {
         self.write_staged(&descriptor, data)
     }
 
-    /// [`ComputeServer::read`](compute_core::ComputeServer::read).
-    pub(crate) fn read_all(
+    /// [`ServerTransfer::read`](compute_core::ServerTransfer::read).
+    fn read(
         &mut self,
         descriptors: Vec<CopyDescriptor>,
         stream: StreamId,
@@ -227,41 +241,5 @@ impl VulkanServer {
             }
             Ok(out)
         })
-    }
-
-    /// [`ComputeServer::host_memory_usage`](compute_core::ComputeServer::host_memory_usage):
-    /// the host-visible staging memory of the device, which every transfer path takes from
-    /// [`Context::take_staging`] — the linear chunks of writes and launch info (the open batch's,
-    /// those of submissions in flight, a captured graph's), the readback buffers of reads and of
-    /// collective rounds, the upload buffers of collective rounds — and the pool that keeps
-    /// returned ones for reuse (at most 2 GiB; `memory_cleanup` on an idle device frees it).
-    ///
-    /// `bytes_reserved` is all of it, allocated and not freed; `bytes_in_use` the buffers not in
-    /// the pool: those of the open batch, of submissions not yet recycled, of reads whose future
-    /// has not finished, of collective rounds running, and of live graphs. Submissions that
-    /// completed are recycled first, so after a sync (and with every read's future finished)
-    /// only live graphs' chunks stay in use. Not counted: the `Bytes` a read returns (the
-    /// caller's), the caller's data of a write (dropped after its copy into staging), and the
-    /// device pools, host visible or not ([`memory_usage`](compute_core::ComputeServer::memory_usage)).
-    pub(crate) fn host_memory(&mut self) -> HostMemoryUsage {
-        // Staging of completed submissions goes back to the pool here, on this thread.
-        self.recorder.recycle();
-        let (bytes_reserved, bytes_in_use) = self.ctx.staging_usage();
-        HostMemoryUsage {
-            bytes_reserved,
-            bytes_in_use,
-        }
-    }
-
-    /// [`ComputeServer::get_resource`](compute_core::ComputeServer::get_resource).
-    pub(crate) fn resource_when_idle(
-        &mut self,
-        binding: Binding,
-        _stream: StreamId,
-    ) -> Result<VulkanResource, ServerError> {
-        let resource = self.resolve(&binding)?;
-        let value = self.submit_or_last()?;
-        self.ctx.wait(value)?;
-        Ok(resource)
     }
 }

@@ -43,7 +43,7 @@ pub(crate) enum DispatchCount {
 
 /// A launch kept by a graph and replayed: every argument resolved, owning its info words.
 #[derive(Debug)]
-pub(crate) struct Dispatch {
+pub struct Dispatch {
     pub(crate) pipeline: Arc<Pipeline>,
     pub(crate) buffers: Vec<BoundBuffer>,
     pub(crate) info: Vec<u32>,

@@ -13,7 +13,9 @@
 use compute_core::collective::{HostCollectives, HostRendezvous};
 use compute_core::future::{DynFut, Receiver};
 use compute_core::memory::SliceId;
-use compute_core::{Binding, DeviceId, ElemType, ReduceOperation, ServerError};
+use compute_core::{
+    Binding, DeviceId, ElemType, ReduceOperation, ServerCollective, ServerError, StreamId,
+};
 
 use crate::device::device_count;
 use crate::server::WgpuServer;
@@ -132,9 +134,15 @@ impl WgpuServer {
     pub(crate) fn check_group(&self, devices: &[DeviceId]) -> Result<Vec<DeviceId>, ServerError> {
         compute_core::collective::check_group(devices, self.owner.device, device_count(), "wgpu")
     }
+}
 
+impl ServerCollective for WgpuServer {
     /// `ensure_init_collective`: the group registered with the host rendezvous and this server.
-    pub(crate) fn init_collective(&mut self, devices: &[DeviceId]) -> Result<(), ServerError> {
+    fn ensure_init_collective(
+        &mut self,
+        devices: &[DeviceId],
+        _stream: StreamId,
+    ) -> Result<(), ServerError> {
         let group = self.check_group(devices)?;
         self.collectives.init(group);
         Ok(())
@@ -142,13 +150,14 @@ impl WgpuServer {
 
     /// `all_reduce`: stage this device's contribution (and the output's partly covered words)
     /// and hand the round to the group's worker.
-    pub(crate) fn all_reduce_on_group(
+    fn all_reduce(
         &mut self,
         src: Binding,
         dst: Binding,
         dtype: ElemType,
         devices: Vec<DeviceId>,
         op: ReduceOperation,
+        _stream: StreamId,
     ) -> Result<(), ServerError> {
         let group = self.check_group(&devices)?;
         self.collectives
@@ -208,7 +217,7 @@ impl WgpuServer {
     }
 
     /// `sync_collective`: completes when every group worker has run the rounds issued so far.
-    pub(crate) fn sync_groups(&mut self) -> DynFut<Result<(), ServerError>> {
+    fn sync_collective(&mut self, _stream: StreamId) -> DynFut<Result<(), ServerError>> {
         let rx = self.collectives.marker();
         Box::pin(async move {
             rx.await

@@ -4,8 +4,9 @@
 
 use std::sync::Arc;
 
+use compute_core::backend::ServerKit;
 use compute_core::graph::GraphId;
-use compute_core::{ServerError, StreamId};
+use compute_core::{ServerError, ServerGraph, StreamId};
 
 use crate::batch::{Dispatch, DispatchCount};
 use crate::server::WgpuServer;
@@ -13,9 +14,18 @@ use crate::server::WgpuServer;
 /// A captured graph: the launches it replays.
 pub(crate) type WgpuGraph = Vec<Arc<Dispatch>>;
 
-impl WgpuServer {
+impl ServerGraph for WgpuServer {
+    fn begin_capture(&mut self, stream: StreamId) -> Result<(), ServerError> {
+        self.stream(stream)?.begin_capture(stream, Vec::new())
+    }
+
+    fn end_capture(&mut self, stream: StreamId) -> Result<GraphId, ServerError> {
+        let launches = self.stream(stream)?.end_capture(stream)?;
+        Ok(self.graphs.insert(stream, launches))
+    }
+
     /// `graph_replay`: append the graph's launches to the batch, as launches issued now.
-    pub(crate) fn replay(&mut self, graph: GraphId, stream: StreamId) -> Result<(), ServerError> {
+    fn graph_replay(&mut self, graph: GraphId, stream: StreamId) -> Result<(), ServerError> {
         self.ensure_not_capturing(stream, "graph replay")?;
         let launches = self.graphs.for_replay(graph, stream)?.clone();
         for launch in &launches {

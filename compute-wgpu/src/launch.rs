@@ -5,6 +5,7 @@
 
 use std::sync::Arc;
 
+use compute_core::backend::ServerKit;
 use compute_core::error::LaunchError;
 use compute_core::handle::BufferArgument;
 use compute_core::{Binding, CubeCount, ExecutionMode, KernelArguments, ServerError, StreamId};

@@ -4,7 +4,9 @@
 
 use compute_core::future::DynFut;
 use compute_core::profile::{ProfileToken, device_profile, host_profile};
-use compute_core::{ComputeServer, ProfileDuration, ProfileError, ServerError, StreamId};
+use compute_core::{
+    ComputeServer, ProfileDuration, ProfileError, ServerError, ServerProfile, StreamId,
+};
 
 use crate::batch::Command;
 use crate::poller::gone;
@@ -12,9 +14,9 @@ use crate::server::{WgpuServer, ready};
 use crate::storage::WgpuResource;
 use crate::transfer::map_read;
 
-impl WgpuServer {
+impl ServerProfile for WgpuServer {
     /// `profile_start`: a timestamp into the batch, when the device has timestamp queries.
-    pub(crate) fn start_profile(&mut self, stream: StreamId) -> Result<ProfileToken, ProfileError> {
+    fn profile_start(&mut self, stream: StreamId) -> Result<ProfileToken, ProfileError> {
         self.ensure_not_capturing(stream, "profile")?;
         let queries = if self.timestamps {
             let set = self.device.create_query_set(&wgpu::QuerySetDescriptor {
@@ -35,7 +37,7 @@ impl WgpuServer {
 
     /// `profile_end`: the closing timestamp, resolved and read back; the host's clock around a
     /// sync without timestamp queries.
-    pub(crate) fn end_profile(
+    fn profile_end(
         &mut self,
         token: ProfileToken,
         stream: StreamId,

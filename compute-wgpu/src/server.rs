@@ -7,29 +7,26 @@
 //! so a write first submits the batch recorded before it.
 //!
 //! This file holds the server's struct, its construction, the per-stream helpers (stream,
-//! resolve, capture check) and the [`ComputeServer`] impl, whose methods delegate to the role
-//! files: [`transfer`](crate::transfer) (write, read, get_resource), [`launch`](crate::launch)
-//! (pipelines, bindings, launch checks, the indirect guard), [`graph`](crate::graph) (replay),
-//! [`profile`](crate::profile) (timestamps), [`collective`](crate::collective) (all-reduce) and
+//! resolve, capture check), the [`ServerKit`] and the [`ComputeServer`] core calls. Each role
+//! trait is implemented in the file of its role: [`storage`](crate::storage) (`ServerMemory`),
+//! [`transfer`](crate::transfer) (`ServerTransfer`; `get_resource`), [`launch`](crate::launch)
+//! (pipelines, bindings, launch checks, the indirect guard), [`graph`](crate::graph)
+//! (`ServerGraph`), [`profile`](crate::profile) (`ServerProfile`: timestamps),
+//! [`collective`](crate::collective) (`ServerCollective`: all-reduce) and
 //! [`submitter`](crate::submitter) (the batch limit, submissions and sync). The stream, memory and
 //! capture rules are compute-core's [backend kit](compute_core::backend).
 
 use std::collections::VecDeque;
 use std::sync::Arc;
 
-use compute_core::backend::{CreateRules, Graphs, StreamEntry, Streams};
+use compute_core::backend::{CreateRules, Graphs, ServerKit, StreamEntry, Streams};
 use compute_core::future::DynFut;
-use compute_core::graph::GraphId;
 use compute_core::handle::HandleOwner;
 use compute_core::kernel::KernelId;
-use compute_core::memory::{
-    HostMemoryUsage, MemoryAllocationMode, MemoryPoolsConfig, MemoryUsage, PoolConfigError,
-};
-use compute_core::profile::{ProfileTable, ProfileToken};
+use compute_core::profile::ProfileTable;
 use compute_core::{
-    Binding, Bytes, ComputeServer, CopyDescriptor, CubeCount, DeviceId, DeviceProperties, ElemType,
-    ExecutionMode, Handle, KernelArguments, MemoryLayout, MemoryLayoutDescriptor, ProfileDuration,
-    ProfileError, ReduceOperation, ServerError, StreamId,
+    Binding, ComputeServer, CubeCount, DeviceProperties, ExecutionMode, KernelArguments,
+    ServerError, StreamId,
 };
 use hashbrown::HashMap;
 
@@ -213,26 +210,6 @@ impl WgpuServer {
         &self.queue
     }
 
-    /// The wgpu layout of a `create`: starts at the slice alignment, rows packed, one buffer of
-    /// at most `max_page_size` (the least of `max_buffer_size` and
-    /// `max_storage_buffer_binding_size`, rounded down to the alignment).
-    pub(crate) fn create_rules(&self) -> CreateRules {
-        CreateRules {
-            alignment: self.alignment,
-            pitch_alignment: None,
-        }
-    }
-
-    pub(crate) fn stream(&mut self, id: StreamId) -> Result<&mut StreamState, ServerError> {
-        let (device, alignment) = (&self.device, self.alignment);
-        let (max_buffer_size, freed) = (self.info.limits.max_buffer_size, &self.freed);
-        self.streams.get_or_create(id, || {
-            let storage = WgpuStorage::new(device.clone(), alignment, max_buffer_size)
-                .with_freed(freed.clone());
-            Ok((storage, ()))
-        })
-    }
-
     pub(crate) fn resolve(&mut self, binding: &Binding) -> Result<WgpuResource, ServerError> {
         let handle = binding.handle();
         let key = ResolveKey {
@@ -270,6 +247,45 @@ impl WgpuServer {
     }
 }
 
+/// The kit behind the role traits' defaults: wgpu's streams, graphs and create layout.
+impl ServerKit for WgpuServer {
+    type KitStorage = WgpuStorage;
+    type KitQueue = ();
+    type KitCapture = Vec<Arc<Dispatch>>;
+    type KitGraph = WgpuGraph;
+
+    fn kit_streams(&self) -> &Streams<WgpuStorage, (), Vec<Arc<Dispatch>>> {
+        &self.streams
+    }
+
+    fn kit_parts(
+        &mut self,
+    ) -> (
+        &mut Streams<WgpuStorage, (), Vec<Arc<Dispatch>>>,
+        &mut Graphs<WgpuGraph>,
+    ) {
+        (&mut self.streams, &mut self.graphs)
+    }
+
+    fn stream(&mut self, id: StreamId) -> Result<&mut StreamState, ServerError> {
+        let (device, alignment) = (&self.device, self.alignment);
+        let (max_buffer_size, freed) = (self.info.limits.max_buffer_size, &self.freed);
+        self.streams.get_or_create(id, || {
+            let storage = WgpuStorage::new(device.clone(), alignment, max_buffer_size)
+                .with_freed(freed.clone());
+            Ok((storage, ()))
+        })
+    }
+
+    /// wgpu's layout of a `create`: starts at the storage offset alignment, packed rows.
+    fn create_rules(&self) -> CreateRules {
+        CreateRules {
+            alignment: self.alignment,
+            pitch_alignment: None,
+        }
+    }
+}
+
 impl ComputeServer for WgpuServer {
     type Kernel = WgpuKernel;
     type Storage = WgpuStorage;
@@ -281,41 +297,6 @@ impl ComputeServer for WgpuServer {
 
     fn properties(&self) -> DeviceProperties {
         self.properties.clone()
-    }
-
-    fn owner(&self) -> HandleOwner {
-        self.owner
-    }
-
-    fn create(
-        &mut self,
-        descriptors: &[MemoryLayoutDescriptor],
-        stream: StreamId,
-    ) -> Result<Vec<MemoryLayout>, ServerError> {
-        let (owner, rules) = (self.owner, self.create_rules());
-        self.stream(stream)?
-            .create(owner, stream, descriptors, &rules)
-    }
-
-    fn create_buffer(&mut self, size: u64, stream: StreamId) -> Result<Handle, ServerError> {
-        let owner = self.owner;
-        self.stream(stream)?.create_buffer(owner, stream, size)
-    }
-
-    fn write(
-        &mut self,
-        writes: Vec<(CopyDescriptor, Bytes)>,
-        stream: StreamId,
-    ) -> Result<(), ServerError> {
-        self.write_all(writes, stream)
-    }
-
-    fn read(
-        &mut self,
-        descriptors: Vec<CopyDescriptor>,
-        stream: StreamId,
-    ) -> DynFut<Result<Vec<Bytes>, ServerError>> {
-        self.read_all(descriptors, stream)
     }
 
     fn get_resource(
@@ -344,108 +325,5 @@ impl ComputeServer for WgpuServer {
     }
     fn sync(&mut self, stream: StreamId) -> DynFut<Result<(), ServerError>> {
         self.sync_stream(stream)
-    }
-
-    fn stream_ids(&self) -> Vec<StreamId> {
-        self.streams.ids()
-    }
-
-    fn memory_usage(&mut self, stream: StreamId) -> Result<MemoryUsage, ServerError> {
-        Ok(self.stream(stream)?.memory.memory_usage())
-    }
-
-    /// The live readback (`MAP_READ`) buffers of reads, syncs, profiles and collectives; none is
-    /// kept for reuse, so reserved equals in use, 0 once they all finished. The staging of
-    /// `queue.write_buffer` is wgpu's own and not counted (`host_memory` in transfer.rs says
-    /// what is and is not).
-    fn host_memory_usage(&mut self) -> HostMemoryUsage {
-        self.host_memory()
-    }
-
-    fn memory_cleanup(&mut self, stream: StreamId) {
-        self.streams.cleanup(stream);
-        // A stopped submit thread has nothing cached left to prune.
-        let _ = self.submitter.prune();
-    }
-
-    fn retire_stream(&mut self, stream: StreamId, _wait: bool) -> bool {
-        // Every stream records into the one queue: work still queued that uses the stream's
-        // buffers holds their bindings (in-use slices) or wgpu's own reference to the buffer,
-        // which wgpu keeps until that work has run. So no wait: a stream with no live handle is
-        // idle as far as its pools go.
-        // Dropping the state drops its pools' buffers.
-        self.streams.try_retire(stream, |_| true)
-    }
-
-    fn allocation_mode(
-        &mut self,
-        mode: MemoryAllocationMode,
-        stream: StreamId,
-    ) -> MemoryAllocationMode {
-        self.stream(stream)
-            .map_or(MemoryAllocationMode::Auto, |state| state.memory.mode(mode))
-    }
-
-    fn configure_memory_pools(
-        &mut self,
-        config: &MemoryPoolsConfig,
-        stream: StreamId,
-    ) -> Result<bool, PoolConfigError> {
-        self.streams.configure_memory_pools(config, stream)
-    }
-
-    fn graph_prepare(&mut self, stream: StreamId) -> Result<(), ServerError> {
-        self.stream(stream)?.prepare_graph(stream)
-    }
-
-    fn begin_capture(&mut self, stream: StreamId) -> Result<(), ServerError> {
-        self.stream(stream)?.begin_capture(stream, Vec::new())
-    }
-
-    fn end_capture(&mut self, stream: StreamId) -> Result<GraphId, ServerError> {
-        let launches = self.stream(stream)?.end_capture(stream)?;
-        Ok(self.graphs.insert(stream, launches))
-    }
-    fn graph_replay(&mut self, graph: GraphId, stream: StreamId) -> Result<(), ServerError> {
-        self.replay(graph, stream)
-    }
-
-    fn graph_release(&mut self, graph: GraphId) {
-        self.graphs.remove(graph);
-    }
-    fn profile_start(&mut self, stream: StreamId) -> Result<ProfileToken, ProfileError> {
-        self.start_profile(stream)
-    }
-
-    fn profile_end(
-        &mut self,
-        token: ProfileToken,
-        stream: StreamId,
-    ) -> DynFut<Result<ProfileDuration, ProfileError>> {
-        self.end_profile(token, stream)
-    }
-
-    fn ensure_init_collective(
-        &mut self,
-        devices: &[DeviceId],
-        _stream: StreamId,
-    ) -> Result<(), ServerError> {
-        self.init_collective(devices)
-    }
-
-    fn all_reduce(
-        &mut self,
-        src: Binding,
-        dst: Binding,
-        dtype: ElemType,
-        devices: Vec<DeviceId>,
-        op: ReduceOperation,
-        _stream: StreamId,
-    ) -> Result<(), ServerError> {
-        self.all_reduce_on_group(src, dst, dtype, devices, op)
-    }
-
-    fn sync_collective(&mut self, _stream: StreamId) -> DynFut<Result<(), ServerError>> {
-        self.sync_groups()
     }
 }

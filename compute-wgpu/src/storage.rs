@@ -2,7 +2,7 @@
 
 use compute_core::memory::SliceId;
 use compute_core::storage::{ComputeStorage, StorageHandle, StorageId, StorageUtilization};
-use compute_core::{ServerError, StreamId};
+use compute_core::{HostMemoryUsage, ServerError, ServerMemory, StreamId};
 use hashbrown::HashMap;
 
 /// Usages of every storage block: bound to kernels, copied from and to, and read as an indirect
@@ -166,6 +166,50 @@ impl ResolveCache {
     pub(crate) fn clear(&mut self) {
         if self.entries.iter().any(Option::is_some) {
             self.entries = Default::default();
+        }
+    }
+}
+
+/// The memory role: the kit's defaults but for cleanup, retirement and the host memory count.
+impl ServerMemory for crate::server::WgpuServer {
+    fn memory_cleanup(&mut self, stream: StreamId) {
+        self.streams.cleanup(stream);
+        // A stopped submit thread has nothing cached left to prune.
+        let _ = self.submitter.prune();
+    }
+
+    fn retire_stream(&mut self, stream: StreamId, _wait: bool) -> bool {
+        // Every stream records into the one queue: work still queued that uses the stream's
+        // buffers holds their bindings (in-use slices) or wgpu's own reference to the buffer,
+        // which wgpu keeps until that work has run. So no wait: a stream with no live handle is
+        // idle as far as its pools go.
+        // Dropping the state drops its pools' buffers.
+        self.streams.try_retire(stream, |_| true)
+    }
+
+    /// `host_memory_usage`:
+    /// the bytes of the server's live readback buffers (`Staging`, `MAP_READ` memory the
+    /// driver keeps host visible) — those of reads whose future has not finished (one per
+    /// non-empty descriptor), of the indirect guard's status read by a sync or read, of the
+    /// partly covered words a write merges, of timestamp profiles, and of collective rounds
+    /// (dropped on their worker thread) — from their creation to their drop.
+    ///
+    /// The crate keeps no readback buffer beyond the transfer it serves (no pool), so
+    /// `bytes_reserved` equals `bytes_in_use`, and both are 0 once every read, profile and
+    /// collective round has finished. wgpu may free the memory of a dropped buffer only once
+    /// the GPU is done with a copy into it; that lag is not ours to see.
+    ///
+    /// Not counted: the staging of `queue.write_buffer` (wgpu's own internal staging belt, which
+    /// every write, the launch info and the collectives' outputs go through; this crate
+    /// allocates no `MAP_WRITE` buffer), the caller's `Bytes` of a write (held until the submit
+    /// thread copied them into `write_buffer`), the `Bytes` a read returns (the caller's), the
+    /// device-local timestamp resolve buffers, launch info and indirect count buffers, and the
+    /// device pools ([`memory_usage`](compute_core::ServerMemory::memory_usage)).
+    fn host_memory_usage(&mut self) -> HostMemoryUsage {
+        let bytes = self.staging_bytes.get();
+        HostMemoryUsage {
+            bytes_reserved: bytes,
+            bytes_in_use: bytes,
         }
     }
 }

@@ -3,14 +3,14 @@
 //! only (the words a write covers only partly are read back and merged first); a read records a
 //! copy into a staging buffer and maps it once its submission completed. Every `MAP_READ`
 //! readback buffer of the crate is a [`Staging`], counted for
-//! [`host_memory_usage`](compute_core::ComputeServer::host_memory_usage).
+//! [`host_memory_usage`](compute_core::ServerMemory::host_memory_usage).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use compute_core::future::{DynFut, oneshot};
 use compute_core::layout::{contiguous_strides, for_each_row};
-use compute_core::{Binding, Bytes, CopyDescriptor, HostMemoryUsage, ServerError, StreamId};
+use compute_core::{Binding, Bytes, CopyDescriptor, ServerError, ServerTransfer, StreamId};
 
 use crate::batch::Command;
 use crate::launch::guard_error;
@@ -165,35 +165,92 @@ impl WgpuServer {
         }
     }
 
-    /// [`ComputeServer::host_memory_usage`](compute_core::ComputeServer::host_memory_usage):
-    /// the bytes of the server's live readback buffers ([`Staging`], `MAP_READ` memory the
-    /// driver keeps host visible) — those of reads whose future has not finished (one per
-    /// non-empty descriptor), of the indirect guard's status read by a sync or read, of the
-    /// partly covered words a write merges, of timestamp profiles, and of collective rounds
-    /// (dropped on their worker thread) — from their creation to their drop.
-    ///
-    /// The crate keeps no readback buffer beyond the transfer it serves (no pool), so
-    /// `bytes_reserved` equals `bytes_in_use`, and both are 0 once every read, profile and
-    /// collective round has finished. wgpu may free the memory of a dropped buffer only once
-    /// the GPU is done with a copy into it; that lag is not ours to see.
-    ///
-    /// Not counted: the staging of `queue.write_buffer` (wgpu's own internal staging belt, which
-    /// every write, the launch info and the collectives' outputs go through; this crate
-    /// allocates no `MAP_WRITE` buffer), the caller's `Bytes` of a write (held until the submit
-    /// thread copied them into `write_buffer`), the `Bytes` a read returns (the caller's), the
-    /// device-local timestamp resolve buffers, launch info and indirect count buffers, and the
-    /// device pools ([`memory_usage`](compute_core::ComputeServer::memory_usage)).
-    pub(crate) fn host_memory(&self) -> HostMemoryUsage {
-        let bytes = self.staging_bytes.get();
-        HostMemoryUsage {
-            bytes_reserved: bytes,
-            bytes_in_use: bytes,
-        }
+    /// `get_resource`: the resource behind `binding`, once every submission so far completed.
+    pub(crate) fn resource_when_idle(
+        &mut self,
+        binding: Binding,
+    ) -> Result<WgpuResource, ServerError> {
+        let resource = self.resolve(&binding)?;
+        let index = self.submit_always()?;
+        self.wait_for(index)?;
+        Ok(resource)
     }
 
+    /// The 4-byte words `edges` of `buffer` as they are after every command and write issued so
+    /// far, with the pieces of `data` the edges name written over them. The server issues
+    /// nothing in between, so writing the merged words back changes exactly the written bytes.
+    pub(crate) fn merge_edges(
+        &mut self,
+        buffer: &wgpu::Buffer,
+        edges: &EdgeWords,
+        data: &[u8],
+    ) -> Result<Vec<(u64, [u8; 4])>, ServerError> {
+        let staging = self.readback_buffer("compute-wgpu partial words", 4 * edges.len() as u64);
+        for (k, &word) in edges.keys().enumerate() {
+            self.push(Command::Copy {
+                src: buffer.clone(),
+                src_offset: word,
+                dst: staging.buffer().clone(),
+                dst_offset: 4 * k as u64,
+                size: 4,
+            });
+        }
+        let index = self.submit_always()?;
+        let mapped = map_read(&staging);
+        self.wait_for(index)?;
+        compute_core::block_on(mapped)
+            .ok_or_else(gone)?
+            .map_err(|e| ServerError::Driver(format!("mapping a readback buffer: {e}")))?;
+        let words = {
+            let view = staging
+                .slice(..)
+                .get_mapped_range()
+                .map_err(|e| ServerError::Driver(format!("reading a readback buffer: {e}")))?;
+            edges
+                .iter()
+                .enumerate()
+                .map(|(k, (&at, pieces))| {
+                    let mut word = [0u8; 4];
+                    word.copy_from_slice(&view[4 * k..4 * k + 4]);
+                    for &(first, src, n) in pieces {
+                        word[first..first + n].copy_from_slice(&data[src..src + n]);
+                    }
+                    (at, word)
+                })
+                .collect()
+        };
+        staging.unmap();
+        Ok(words)
+    }
+
+    /// Record a copy of `len` bytes of `source` into a fresh staging buffer: the buffer and the
+    /// offset of the first byte in it.
+    pub(crate) fn stage_read(
+        &mut self,
+        source: &WgpuResource,
+        len: u64,
+    ) -> Result<(Staging, u64), ServerError> {
+        let start = source.offset / 4 * 4;
+        let delta = source.offset - start;
+        let size = (delta + len)
+            .next_multiple_of(4)
+            .min(source.buffer.size() - start);
+        let staging = self.readback_buffer("compute-wgpu readback", size);
+        self.push(Command::Copy {
+            src: source.buffer.clone(),
+            src_offset: start,
+            dst: staging.buffer().clone(),
+            dst_offset: 0,
+            size,
+        });
+        Ok((staging, delta))
+    }
+}
+
+impl ServerTransfer for WgpuServer {
     /// `write`: each write's whole words through `queue.write_buffer` on the submit thread, after
     /// the batch recorded before it; partly covered words merged with the buffer's contents.
-    pub(crate) fn write_all(
+    fn write(
         &mut self,
         writes: Vec<(CopyDescriptor, Bytes)>,
         stream: StreamId,
@@ -248,7 +305,7 @@ impl WgpuServer {
 
     /// `read`: copies into staging buffers, submitted at once, mapped and gathered (compact)
     /// once the submission completed.
-    pub(crate) fn read_all(
+    fn read(
         &mut self,
         descriptors: Vec<CopyDescriptor>,
         stream: StreamId,
@@ -357,86 +414,5 @@ impl WgpuServer {
             }
             Ok(out)
         })
-    }
-
-    /// `get_resource`: the resource behind `binding`, once every submission so far completed.
-    pub(crate) fn resource_when_idle(
-        &mut self,
-        binding: Binding,
-    ) -> Result<WgpuResource, ServerError> {
-        let resource = self.resolve(&binding)?;
-        let index = self.submit_always()?;
-        self.wait_for(index)?;
-        Ok(resource)
-    }
-
-    /// The 4-byte words `edges` of `buffer` as they are after every command and write issued so
-    /// far, with the pieces of `data` the edges name written over them. The server issues
-    /// nothing in between, so writing the merged words back changes exactly the written bytes.
-    pub(crate) fn merge_edges(
-        &mut self,
-        buffer: &wgpu::Buffer,
-        edges: &EdgeWords,
-        data: &[u8],
-    ) -> Result<Vec<(u64, [u8; 4])>, ServerError> {
-        let staging = self.readback_buffer("compute-wgpu partial words", 4 * edges.len() as u64);
-        for (k, &word) in edges.keys().enumerate() {
-            self.push(Command::Copy {
-                src: buffer.clone(),
-                src_offset: word,
-                dst: staging.buffer().clone(),
-                dst_offset: 4 * k as u64,
-                size: 4,
-            });
-        }
-        let index = self.submit_always()?;
-        let mapped = map_read(&staging);
-        self.wait_for(index)?;
-        compute_core::block_on(mapped)
-            .ok_or_else(gone)?
-            .map_err(|e| ServerError::Driver(format!("mapping a readback buffer: {e}")))?;
-        let words = {
-            let view = staging
-                .slice(..)
-                .get_mapped_range()
-                .map_err(|e| ServerError::Driver(format!("reading a readback buffer: {e}")))?;
-            edges
-                .iter()
-                .enumerate()
-                .map(|(k, (&at, pieces))| {
-                    let mut word = [0u8; 4];
-                    word.copy_from_slice(&view[4 * k..4 * k + 4]);
-                    for &(first, src, n) in pieces {
-                        word[first..first + n].copy_from_slice(&data[src..src + n]);
-                    }
-                    (at, word)
-                })
-                .collect()
-        };
-        staging.unmap();
-        Ok(words)
-    }
-
-    /// Record a copy of `len` bytes of `source` into a fresh staging buffer: the buffer and the
-    /// offset of the first byte in it.
-    pub(crate) fn stage_read(
-        &mut self,
-        source: &WgpuResource,
-        len: u64,
-    ) -> Result<(Staging, u64), ServerError> {
-        let start = source.offset / 4 * 4;
-        let delta = source.offset - start;
-        let size = (delta + len)
-            .next_multiple_of(4)
-            .min(source.buffer.size() - start);
-        let staging = self.readback_buffer("compute-wgpu readback", size);
-        self.push(Command::Copy {
-            src: source.buffer.clone(),
-            src_offset: start,
-            dst: staging.buffer().clone(),
-            dst_offset: 0,
-            size,
-        });
-        Ok((staging, delta))
     }
 }

@@ -7,6 +7,10 @@
 //! - [`Graphs`]: the registry of captured graphs, with the replay rule (a graph replays on the
 //!   stream it was captured on).
 //!
+//! - [`ServerKit`]: how a server hands its `Streams` and `Graphs` to the default methods of the
+//!   role traits in [`server`](crate::server), so the kit's rule is written there once rather
+//!   than in each backend's trait impl.
+//!
 //! A backend keeps only what is truly its own: the driver calls, its compiler and its command
 //! recording. The collective checks live in [`collective`](crate::collective), the launch limits
 //! in [`KernelDefinition::validate`](crate::kernel::KernelDefinition::validate), the scalar
@@ -14,7 +18,9 @@
 //! [`error`](crate::error).
 
 mod graphs;
+mod kit;
 mod streams;
 
 pub use graphs::Graphs;
+pub use kit::{KitStreamEntry, KitStreams, ServerKit};
 pub use streams::{CreateRules, StreamEntry, Streams};

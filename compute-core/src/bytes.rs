@@ -32,8 +32,8 @@ use crate::error::{LayoutError, ServerError};
 
 mod release;
 pub use release::{
-    HostCopy, RELEASE_MAX_BYTES, RELEASE_MAX_DEFER, RELEASE_MIN_BYTES, host_copy, release,
-    releasing_bytes,
+    HostCopy, RELEASE_MAX_BYTES, RELEASE_MAX_DEFER, RELEASE_MIN_BYTES, RELEASE_QUIET, host_copy,
+    release, releasing_bytes,
 };
 
 /// Alignment of every buffer the runtime allocates on the host, in bytes.

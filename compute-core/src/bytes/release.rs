@@ -8,16 +8,18 @@
 //! lock the write holds) goes on at once.
 //!
 //! Freeing contends with copying (returning pages interrupts every thread of the process to
-//! flush its TLB, the copy team's included), so the release thread waits while a large host copy
-//! runs ([`host_copy`]), up to [`RELEASE_MAX_DEFER`] per buffer: a burst of uploads is copied at
-//! full speed and its buffers are freed once it is done.
+//! flush its TLB, the copy team's included), so the release thread waits while large host copies
+//! run ([`host_copy`]) and until none has run for [`RELEASE_QUIET`], up to [`RELEASE_MAX_DEFER`]
+//! per buffer: a burst of uploads is copied at full speed and its buffers are freed once it is
+//! done. (Freeing each buffer as soon as its own copy ended overlapped the next upload of the
+//! burst: 64 MiB uploads then ran at 0.79x the pinned DMA rate on the H100 host.)
 //!
 //! Bounded: at most [`RELEASE_MAX_BYTES`] wait to be freed at any time; beyond that, and for
 //! buffers below [`RELEASE_MIN_BYTES`], shared with a clone, or when the thread cannot be
 //! started, the bytes are freed where they are, as a plain drop would.
 
 use std::sync::OnceLock;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{SyncSender, TrySendError, sync_channel};
 use std::thread::Thread;
 use std::time::{Duration, Instant};
@@ -33,6 +35,8 @@ const RELEASE_QUEUE: usize = 64;
 
 /// Longest a buffer waits on the release thread for the host copies in progress to end.
 pub const RELEASE_MAX_DEFER: Duration = Duration::from_millis(20);
+/// How long no large host copy must have run before the release thread frees.
+pub const RELEASE_QUIET: Duration = Duration::from_millis(1);
 
 /// Bytes handed to the release thread and not freed yet.
 static PENDING: AtomicUsize = AtomicUsize::new(0);
@@ -40,6 +44,19 @@ static PENDING: AtomicUsize = AtomicUsize::new(0);
 static COPYING: AtomicUsize = AtomicUsize::new(0);
 /// The release thread, once started (woken when the last copy in progress ends).
 static THREAD: OnceLock<Thread> = OnceLock::new();
+/// When the last large host copy ended, in nanoseconds since [`epoch`].
+static LAST_COPY_END: AtomicU64 = AtomicU64::new(0);
+
+/// The clock origin of [`LAST_COPY_END`].
+fn epoch() -> Instant {
+    static EPOCH: OnceLock<Instant> = OnceLock::new();
+    *EPOCH.get_or_init(Instant::now)
+}
+
+/// Nanoseconds since [`epoch`].
+fn now_nanos() -> u64 {
+    u64::try_from(epoch().elapsed().as_nanos()).unwrap_or(u64::MAX)
+}
 
 /// A large host copy in progress: while one lives, the release thread waits (see the
 /// [module docs](self)). Hold it for the span of a copy of at least [`RELEASE_MIN_BYTES`].
@@ -54,6 +71,7 @@ pub fn host_copy() -> HostCopy {
 
 impl Drop for HostCopy {
     fn drop(&mut self) {
+        LAST_COPY_END.store(now_nanos(), Ordering::Release);
         if COPYING.fetch_sub(1, Ordering::AcqRel) == 1
             && let Some(thread) = THREAD.get()
         {
@@ -62,14 +80,23 @@ impl Drop for HostCopy {
     }
 }
 
-/// Wait while a large host copy runs, until `deadline`.
-fn wait_for_copies(deadline: Instant) {
-    while COPYING.load(Ordering::Acquire) > 0 {
+/// Wait while a large host copy runs and until none ran for [`RELEASE_QUIET`], until `deadline`.
+fn wait_for_quiet(deadline: Instant) {
+    loop {
         let now = Instant::now();
         if now >= deadline {
             return;
         }
-        std::thread::park_timeout(deadline - now);
+        if COPYING.load(Ordering::Acquire) > 0 {
+            std::thread::park_timeout(deadline - now);
+            continue;
+        }
+        let since =
+            Duration::from_nanos(now_nanos().saturating_sub(LAST_COPY_END.load(Ordering::Acquire)));
+        if since >= RELEASE_QUIET {
+            return;
+        }
+        std::thread::park_timeout((RELEASE_QUIET - since).min(deadline - now));
     }
 }
 
@@ -83,7 +110,7 @@ fn sender() -> Option<&'static SyncSender<(Bytes, Instant)>> {
                 .spawn(move || {
                     let _ = THREAD.set(std::thread::current());
                     for (bytes, queued) in rx {
-                        wait_for_copies(queued + RELEASE_MAX_DEFER);
+                        wait_for_quiet(queued + RELEASE_MAX_DEFER);
                         let len = bytes.len();
                         // A `HostBuffer` is user code: a panic in its drop must not end the
                         // thread (later releases would then free where they are called, which

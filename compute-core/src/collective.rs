@@ -22,11 +22,13 @@ use crate::future::{Receiver, Sender};
 use crate::memory::SliceId;
 
 mod error;
+pub mod gather;
 pub mod launch;
 mod wire;
 pub mod world;
 
 pub use error::{CollectiveError, MismatchKind};
+pub use gather::{Arrival, Gathered};
 pub use world::{World, WorldConfig, init_world, init_world_from_env};
 
 /// The environment variable that turns on the checked mode of collective libraries (NCCL):

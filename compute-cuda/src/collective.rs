@@ -13,6 +13,18 @@
 //! `ncclGroupStart`/`ncclGroupEnd` (a process may drive several ranks). The NCCL ranks follow
 //! the world's ranks, then the order of the devices in each process's group.
 //!
+//! Several devices of a group are often driven by one thread (`all_reduce` on the client of each
+//! device in turn), and NCCL may block inside one device's call until the others' arrive: such
+//! calls must reach NCCL together, inside one `ncclGroupStart`/`ncclGroupEnd`. Each device's
+//! `all_reduce` therefore *arrives* at the process's [`Gathered`] meeting point with its part;
+//! the arrival that completes the round (every device of the group in this process) issues the
+//! whole round as one NCCL group call, whatever thread it is on. Until then the call's buffers
+//! are held by the round; once issued, by the process until their server records them on its
+//! communication stream (after the NCCL kernel). A use of the result on the device
+//! ([`CudaServer::marker`] on the communication stream, `sync_collective`) first waits for the
+//! round to be issued, at most the rendezvous timeout: one thread that waits on a device before
+//! it issued the other devices' calls gets [`CollectiveError::Timeout`], not a hang.
+//!
 //! With `COMPUTE_COLLECTIVE_CHECK=1` (or `compute_core::collective::set_checked(true)`), every all-reduce first exchanges a 32-byte header (round,
 //! element type, operation, element count) with `ncclAllGather` and waits for it, at most the
 //! rendezvous timeout: participants that disagree all get
@@ -25,8 +37,9 @@ use std::sync::{Mutex, MutexGuard, OnceLock};
 use std::time::Instant;
 
 use compute_core::backend::ServerKit;
-use compute_core::collective::{CHECK_VAR, CollectiveError, MismatchKind, World};
+use compute_core::collective::{CHECK_VAR, CollectiveError, Gathered, MismatchKind, World};
 use compute_core::future::DynFut;
+use compute_core::handle::HandleOwner;
 use compute_core::{
     Binding, ComputeServer, DeviceId, ElemType, ReduceOperation, ServerCollective, ServerError,
     StreamId,
@@ -440,6 +453,118 @@ fn check_header(
     compare_headers(&ours, &all, dtype, op, count).map_err(ServerError::from)
 }
 
+/// One device's `all_reduce`, gathered until its round is whole (see the module docs).
+pub(crate) struct Call {
+    comm: Raw<sys::ncclComm_t>,
+    src: u64,
+    dst: u64,
+    count: usize,
+    dtype: ElemType,
+    op: ReduceOperation,
+    stream: Raw<cudarc::driver::sys::CUstream>,
+    /// The server that made the call, and the buffers it keeps alive.
+    owner: HandleOwner,
+    keep: [Binding; 2],
+}
+
+/// The process's meeting point of `all_reduce` calls.
+fn gathered() -> &'static Gathered<Call> {
+    static GATHERED: OnceLock<Gathered<Call>> = OnceLock::new();
+    GATHERED.get_or_init(Gathered::new)
+}
+
+/// Issued calls' buffers by server, with the call's group: held until that server records them
+/// on its communication stream ([`CudaServer::collect_issued`]).
+type Issued = HashMap<HandleOwner, Vec<(Vec<DeviceId>, [Binding; 2])>>;
+
+fn issued() -> MutexGuard<'static, Issued> {
+    static ISSUED: OnceLock<Mutex<Issued>> = OnceLock::new();
+    ISSUED
+        .get_or_init(|| Mutex::new(HashMap::new()))
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+}
+
+/// The first disagreement of a round's calls (element type, operation, element count): NCCL
+/// would hang or read past a buffer on one.
+fn disagreement(round: u64, calls: &[(DeviceId, Call)]) -> Option<CollectiveError> {
+    let (_, first) = calls.first()?;
+    calls.iter().skip(1).find_map(|(device, c)| {
+        let mismatch = |kind, expected: String, found: String| CollectiveError::Mismatch {
+            round,
+            kind,
+            expected,
+            found,
+            participant: format!("device {device}"),
+        };
+        if c.dtype != first.dtype {
+            Some(mismatch(
+                MismatchKind::DType,
+                first.dtype.to_string(),
+                c.dtype.to_string(),
+            ))
+        } else if c.op != first.op {
+            Some(mismatch(
+                MismatchKind::Operation,
+                format!("{:?}", first.op),
+                format!("{:?}", c.op),
+            ))
+        } else if c.count != first.count {
+            Some(mismatch(
+                MismatchKind::Size,
+                format!("{} elements", first.count),
+                format!("{} elements", c.count),
+            ))
+        } else {
+            None
+        }
+    })
+}
+
+/// Issue a whole round: every call's `ncclAllReduce` inside one NCCL group, then hand the
+/// buffers to their servers.
+fn issue_round(
+    group: &[DeviceId],
+    round: u64,
+    calls: Vec<(DeviceId, Call)>,
+) -> Result<(), ServerError> {
+    if let Some(e) = disagreement(round, &calls) {
+        return Err(e.into());
+    }
+    let dt = data_type(calls[0].1.dtype)?;
+    nccl::group_start().map_err(|e| nccl_error("ncclGroupStart", e))?;
+    let mut enqueued = Ok(());
+    for (_, c) in &calls {
+        // SAFETY: `src` and `dst` are device ranges of `count` elements, kept alive by the
+        // call's bindings (then by `issued` until their stream holds them); `comm` lives in the
+        // process registry; the stream is alive while its server has a call in a round (a
+        // server waits for its rounds before it drops).
+        let one = unsafe {
+            nccl::all_reduce(
+                c.src as *const _,
+                c.dst as *mut _,
+                c.count,
+                dt,
+                reduce_op(c.op),
+                c.comm.0,
+                c.stream.0.cast(),
+            )
+        };
+        if let Err(e) = one {
+            enqueued = Err(nccl_error("ncclAllReduce", e));
+            break;
+        }
+    }
+    let ended = nccl::group_end().map_err(|e| nccl_error("ncclGroupEnd", e));
+    let mut held = issued();
+    for (_, c) in calls {
+        held.entry(c.owner)
+            .or_default()
+            .push((group.to_vec(), c.keep));
+    }
+    enqueued.and(ended.map(|_| ()))
+}
+
 /// Enqueue `ncclAllReduce` of `count` elements on `stream`, for `me` of `group` (after the
 /// header check in the checked mode).
 #[allow(clippy::too_many_arguments)]
@@ -488,6 +613,43 @@ impl CudaServer {
             crate::driver::device_count(),
             "CUDA",
         )
+    }
+}
+
+impl CudaServer {
+    /// Record the buffers of this server's issued calls on their communication streams (after
+    /// the NCCL kernels), taking them from the process's hold.
+    pub(crate) fn collect_issued(&mut self) -> Result<(), ServerError> {
+        let Some(mine) = issued().remove(&self.owner) else {
+            return Ok(());
+        };
+        for (group, [src, dst]) in mine {
+            if let Some(&comm_stream) = self.comm_streams.get(&group) {
+                self.mark(comm_stream, &[&src, &dst], None)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Wait until this server's rounds of `group` are issued (at most the rendezvous timeout),
+    /// then record their buffers.
+    pub(crate) fn await_round(&mut self, group: &[DeviceId]) -> Result<(), ServerError> {
+        let me = self.owner.device;
+        if gathered().pending(group, me) {
+            gathered().wait(group, me, compute_core::collective::rendezvous_timeout())?;
+        } else {
+            // A failure of a round another server issued is this call's to return.
+            gathered().wait(group, me, std::time::Duration::ZERO)?;
+        }
+        self.collect_issued()
+    }
+
+    /// The group whose communication stream is `stream`, if it is one.
+    pub(crate) fn comm_group(&self, stream: StreamId) -> Option<Vec<DeviceId>> {
+        self.comm_streams
+            .iter()
+            .find(|(_, s)| **s == stream)
+            .map(|(g, _)| g.clone())
     }
 }
 
@@ -554,17 +716,50 @@ impl ServerCollective for CudaServer {
         self.order_after(comm_stream, &[&src, &dst])?;
         let raw = self.stream(comm_stream)?.queue.raw;
         let count = (src.size() / dtype.size() as u64) as usize;
-        if count > 0 {
-            let me = self.owner.device;
+        let me = self.owner.device;
+        if count > 0 && compute_core::collective::checked() {
+            // The checked mode waits for the header exchange on the host: one thread per rank,
+            // by its contract; the reduction follows at once.
             crate::collective::all_reduce(
                 &group, me, source.ptr, target.ptr, count, dtype, op, raw,
             )?;
+        } else if count > 0 {
+            let call = Call {
+                comm: crate::collective::communicator(&group, me)?,
+                src: source.ptr,
+                dst: target.ptr,
+                count,
+                dtype,
+                op,
+                stream: raw,
+                owner: self.owner,
+                keep: [src.clone(), dst.clone()],
+            };
+            let issue = |round, calls| {
+                let issued = issue_round(&group, round, calls);
+                // NCCL made the other devices' contexts current to enqueue their kernels.
+                crate::driver::forget_current_context();
+                issued
+            };
+            let arrived = gathered().arrive(&group, me, call, issue);
+            self.context.bind()?;
+            arrived?;
         }
-        self.mark(comm_stream, &[&src, &dst], None)
+        // Later uses of the buffers order after the communication stream (a use before the round
+        // is issued waits for it first: `marker`).
+        self.mark(comm_stream, &[&src, &dst], None)?;
+        self.collect_issued()
     }
 
-    /// `sync_collective`: every communication stream's sync.
+    /// `sync_collective`: every communication stream's sync, once this server's rounds are
+    /// issued.
     fn sync_collective(&mut self, _stream: StreamId) -> DynFut<Result<(), ServerError>> {
+        let groups: Vec<Vec<DeviceId>> = self.comm_streams.keys().cloned().collect();
+        for group in &groups {
+            if let Err(e) = self.await_round(group) {
+                return Box::pin(core::future::ready(Err(e)));
+            }
+        }
         let comms: Vec<StreamId> = self.comm_streams.values().copied().collect();
         let waits: Vec<_> = comms.into_iter().map(|c| self.sync(c)).collect();
         Box::pin(async move {

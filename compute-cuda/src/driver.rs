@@ -205,9 +205,6 @@ impl Context {
 
     /// Make the context current on the calling thread (cheap when it already is).
     pub(crate) fn bind(&self) -> Result<(), ServerError> {
-        thread_local! {
-            static CURRENT: core::cell::Cell<usize> = const { core::cell::Cell::new(0) };
-        }
         let raw = self.ctx.0 as usize;
         if CURRENT.with(|c| c.get()) == raw {
             return Ok(());
@@ -223,6 +220,18 @@ impl Context {
         // SAFETY: `device` is valid; the attribute enum comes from the bindings.
         unsafe { result::device::get_attribute(self.device, attribute) }.map_or(0, i64::from)
     }
+}
+
+thread_local! {
+    /// The context [`Context::bind`] made current on this thread (0: unknown).
+    static CURRENT: core::cell::Cell<usize> = const { core::cell::Cell::new(0) };
+}
+
+/// Forget which context is current on this thread: after a call that may have made another
+/// one current (NCCL selects each communicator's device inside a group call), the next
+/// [`Context::bind`] sets it again.
+pub(crate) fn forget_current_context() {
+    CURRENT.with(|c| c.set(0));
 }
 
 impl Drop for Context {

@@ -252,6 +252,14 @@ impl Drop for CudaServer {
         if self.context.bind().is_err() {
             return;
         }
+        // A round holding a call of this server still uses its streams and buffers: wait for
+        // it to be issued (at most the rendezvous timeout) before they go.
+        let groups: Vec<Vec<DeviceId>> = self.comm_streams.keys().cloned().collect();
+        for group in groups {
+            if let Err(e) = self.await_round(&group) {
+                compute_core::error::report_unreturned("a collective round at server drop", &e);
+            }
+        }
         for (_, state) in self.streams.iter_mut() {
             if let Err(e) = state.queue.wait_idle(&mut self.events) {
                 crate::driver::record_release_error(e);

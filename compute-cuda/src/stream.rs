@@ -331,6 +331,13 @@ impl CudaServer {
         other: StreamId,
         seq: u64,
     ) -> Result<Option<Raw<sys::CUevent>>, ServerError> {
+        // A communication stream's all-reduce may wait for the other devices of its round: the
+        // marker must follow its NCCL kernel, so the round is issued first.
+        if !self.comm_streams.is_empty()
+            && let Some(group) = self.comm_group(other)
+        {
+            self.await_round(&group)?;
+        }
         let Some(state) = self.streams.get_mut(other) else {
             return Ok(None);
         };

@@ -77,9 +77,27 @@ pub fn writes_change_exactly_their_bytes<R: Runtime>(client: ComputeClient<R>) {
 pub fn over_limit_dynamic_count_is_an_error<R: Runtime>(client: ComputeClient<R>) {
     let maximum = client.properties().hardware.max_cube_count;
     if maximum[0] == u32::MAX {
-        eprintln!(
-            "skipped (no u32 count exceeds max_cube_count {maximum:?} on {}): the over-limit case cannot be built",
+        // Nothing over the limit can be written in a u32 count: the error path cannot be
+        // reached, so the test is counted as skipped (with this reason), not as passed. What
+        // can still be checked here: a dynamic count is read (a zero count dispatches nothing).
+        compute_core::env::report_reduced(&format!(
+            "{}: no u32 count exceeds max_cube_count {maximum:?} on {}; the over-limit error could not be provoked",
+            R::name(),
             client.properties().name
+        ));
+        let count = client.create(Bytes::from_elems(vec![0u32, 1, 1]));
+        let out = client.create(f32_bytes(&[7.0; 4]));
+        client.launch(
+            kernels::fill_f32().into(),
+            CubeCount::Dynamic(count.binding()),
+            KernelArguments::new()
+                .buffer(out.clone().binding())
+                .scalar(3.0f32),
+        );
+        assert_eq!(
+            client.read_one(out).unwrap().to_elems::<f32>(),
+            vec![7.0; 4],
+            "a zero dynamic count dispatches nothing"
         );
         return;
     }
@@ -114,7 +132,13 @@ pub fn over_limit_dynamic_count_is_an_error<R: Runtime>(client: ComputeClient<R>
         before_data
     );
     // A read reports it too (here an over-limit second axis).
-    if maximum[1] < u32::MAX {
+    if maximum[1] == u32::MAX {
+        compute_core::env::report_reduced(&format!(
+            "{}: max_cube_count[1] is u32::MAX on {}; the over-limit second axis was not checked",
+            R::name(),
+            client.properties().name
+        ));
+    } else {
         let over = [1, maximum[1] + 1, 1];
         let count = client.create(Bytes::from_elems(over.to_vec()));
         client.launch(
@@ -156,7 +180,16 @@ pub fn over_limit_dynamic_count_is_an_error<R: Runtime>(client: ComputeClient<R>
 /// buffers of the same size (with other data) were made, it computes from the recorded input.
 pub fn graph_keeps_recorded_buffers_alive<R: Runtime>(mut client: ComputeClient<R>) {
     if !client.features().graphs {
-        eprintln!("skipped (no graphs on {})", client.properties().name);
+        compute_core::env::report_reduced(&format!(
+            "{} has no graphs ({}): a recorded graph's buffers could not be checked",
+            R::name(),
+            client.properties().name
+        ));
+        let err = client.start_capture().unwrap_err();
+        assert!(
+            crate::suite::ir_util::is_unsupported_error(&err),
+            "no graphs, yet start_capture gave {err:?}"
+        );
         return;
     }
     // SAFETY: a dedicated capture stream used by this thread only.
@@ -209,15 +242,21 @@ pub fn largest_buffer_allocates<R: Runtime>(client: ComputeClient<R>) {
             assert!(requested > max, "{requested} <= {max}");
         }
         Ok(other) => panic!("{} bytes (max_page_size + 1): {other:?}", max + 1),
-        Err(_) => {}
+        Err(_) => compute_core::env::report_reduced(&format!(
+            "{}: max_page_size + 1 = {} bytes does not fit a usize; the BufferTooLarge case was not checked",
+            R::name(),
+            max + 1
+        )),
     }
     // A buffer of the whole memory cannot be had beside everything else the device holds.
     let fits = props.memory_total.is_none_or(|total| max <= total / 4 * 3);
     if !fits {
-        eprintln!(
-            "skipped the allocation at max_page_size ({max} bytes): more than 3/4 of memory_total ({:?} bytes) on {}",
-            props.memory_total, props.name
-        );
+        compute_core::env::report_reduced(&format!(
+            "{}: max_page_size ({max} bytes) is more than 3/4 of memory_total ({:?} bytes) on {}; the allocation at max_page_size was not tried",
+            R::name(),
+            props.memory_total,
+            props.name
+        ));
     } else {
         let handle = client
             .try_empty(max as usize)

@@ -185,17 +185,35 @@ pub fn configure_memory_pools_layouts<R: Runtime>(client: ComputeClient<R>) {
     assert!(client.configure_memory_pools(&MemoryPoolsConfig::default()));
 }
 
-/// `memory_persistent_allocation` and `allocation_mode` route allocations to the persistent pool.
+/// `memory_persistent_allocation` and `allocation_mode` route allocations to the persistent pool,
+/// observed through the stream's `memory_usage`: the persistent pool gives each request a block
+/// of exactly its aligned size (a 12-byte request reserves one alignment unit, where a sliced
+/// pool of the default layout reserves a whole page of at least 1 MiB), and reuses a free block
+/// only for a request of exactly that size (an exclusive pool of the ordinary layout would hand
+/// a smaller request the bigger free block; a sliced one would serve it from its page).
 pub fn persistent_allocations<R: Runtime>(client: ComputeClient<R>) {
     let client = own_stream(client);
+    let alignment = client.properties().memory.alignment.max(1);
+    let start = client.stream_memory_usage().unwrap();
     let weights = client
         .memory_persistent_allocation(vec![1.0f32, 2.0, 3.0], |w| {
             client.create(Bytes::from_elems(w))
         })
         .unwrap();
     let usage = client.stream_memory_usage().unwrap();
-    assert_eq!(usage.number_allocs, 1);
-    assert_eq!(usage.bytes_in_use, 12);
+    assert_eq!(usage.number_allocs, start.number_allocs + 1);
+    assert_eq!(usage.bytes_in_use, start.bytes_in_use + 12);
+    let unit = usage.bytes_reserved - start.bytes_reserved;
+    let padded =
+        usage.bytes_in_use + usage.bytes_padding - start.bytes_in_use - start.bytes_padding;
+    assert_eq!(
+        unit, padded,
+        "a persistent block is exactly the aligned request ({padded} bytes), not a page: {usage}"
+    );
+    assert!(
+        unit >= 12 && unit.is_multiple_of(alignment) && unit <= 4096,
+        "12 bytes rounded up to the alignment (a multiple of {alignment}), far below a page: {unit}"
+    );
     assert_eq!(
         client.read_one(weights.clone()).unwrap().to_elems::<f32>(),
         vec![1.0, 2.0, 3.0]
@@ -204,15 +222,42 @@ pub fn persistent_allocations<R: Runtime>(client: ComputeClient<R>) {
     sync(&client);
     // SAFETY: this test's stream only.
     unsafe { client.allocation_mode(MemoryAllocationMode::Persistent) };
-    let again = client.empty(12);
-    // SAFETY: as above.
-    unsafe { client.allocation_mode(MemoryAllocationMode::Auto) };
-    let reused = client.stream_memory_usage().unwrap();
+    let persistent = |size: u64| {
+        let handle = client.empty(size as usize);
+        (handle, client.stream_memory_usage().unwrap())
+    };
+    // The free block of exactly that size is reused: nothing more reserved.
+    let (again, reused) = persistent(12);
     assert_eq!(
         reused.bytes_reserved, usage.bytes_reserved,
         "the exact-size block is reused"
     );
+    assert_eq!(reused.number_allocs, start.number_allocs + 1);
     drop(again);
+    sync(&client);
+    // A bigger request gets a block of its own size, three units: the free unit block is kept.
+    let (big, grown) = persistent(3 * unit);
+    assert_eq!(
+        grown.bytes_reserved,
+        usage.bytes_reserved + 3 * unit,
+        "{grown}"
+    );
+    drop(big);
+    sync(&client);
+    // A smaller request than the free 3-unit block does not take it (exact reuse only): two
+    // more units. The 1-unit block then serves a 12-byte request again.
+    let (mid, exact) = persistent(2 * unit);
+    assert_eq!(
+        exact.bytes_reserved,
+        usage.bytes_reserved + 5 * unit,
+        "a 2-unit request took a free block of another size: {exact}"
+    );
+    let (small, last) = persistent(12);
+    assert_eq!(last.bytes_reserved, exact.bytes_reserved, "{last}");
+    assert_eq!(last.number_allocs, start.number_allocs + 2);
+    // SAFETY: as above.
+    unsafe { client.allocation_mode(MemoryAllocationMode::Auto) };
+    drop((mid, small));
     sync(&client);
     assert_eq!(cleanup_until_empty(&client).bytes_reserved, 0);
 }

@@ -53,6 +53,7 @@ macro_rules! for_each_test {
             transfer::pitched_tensor_reads,
             transfer::read_tensor_rejects_bad_strides,
             transfer::read_tensor_of_strided_views,
+            transfer::strided_writes_keep_the_gaps,
             transfer::create_tensors_packs_one_allocation,
             transfer::empty_allocations,
             transfer::read_lazy_reflects_first_access,

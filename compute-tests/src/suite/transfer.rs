@@ -201,6 +201,125 @@ pub fn read_tensor_of_strided_views<R: Runtime>(client: ComputeClient<R>) {
     }
 }
 
+/// One strided write case: shape, strides, element offset into the buffer, element size,
+/// buffer size in bytes.
+type StridedWrite = (&'static [usize], &'static [usize], usize, usize, usize);
+
+/// A write through a non-contiguous descriptor (rows with gaps between them) lands each row at
+/// its stride and leaves the gaps as they were, byte for byte: f32 rows `[3, 4]` at a row
+/// stride of 8 in a 24-element buffer, a 3-D view with gaps at two levels, a view at an element
+/// offset, byte rows of odd length at an odd offset, and two strided writes in one call.
+///
+/// `ComputeClient::write` only takes contiguous data, so this goes through the server's own
+/// `ServerTransfer::write`, on a server the test builds with `Runtime::create_server` (wgpu and
+/// Vulkan lay tensors out contiguously, so no client path reaches their strided write).
+pub fn strided_writes_keep_the_gaps<R: Runtime>(client: ComputeClient<R>) {
+    use compute_core::{ComputeServer, Device, ServerMemory, ServerTransfer};
+    let device = <R::Device as Device>::from_id(client.device_id());
+    let mut server = R::create_server(&device).expect("a second server of the device");
+    let stream = StreamId::fresh();
+    let elements = |shape: &[usize], strides: &[usize]| -> Vec<usize> {
+        let mut at = vec![0usize];
+        for (&n, &s) in shape.iter().zip(strides) {
+            at = at
+                .iter()
+                .flat_map(|&a| (0..n).map(move |i| a + i * s))
+                .collect();
+        }
+        at
+    };
+    let cases: [StridedWrite; 5] = [
+        (&[3, 4], &[8, 1], 0, 4, 96),
+        (&[2, 2, 3], &[16, 5, 1], 0, 4, 128),
+        (&[3, 2], &[5, 1], 3, 4, 80),
+        (&[3, 3], &[5, 1], 1, 1, 20),
+        (&[4, 1], &[3, 1], 0, 2, 26),
+    ];
+    for (case, (shape, strides, offset, elem, size)) in cases.into_iter().enumerate() {
+        let old: Vec<u8> = (0..size)
+            .map(|i| 0xC0 ^ (i as u8).wrapping_mul(29))
+            .collect();
+        let handle = server.create_buffer(size as u64, stream).unwrap();
+        server
+            .write(
+                vec![(
+                    handle.clone().copy_descriptor_bytes(),
+                    Bytes::from_vec(old.clone()),
+                )],
+                stream,
+            )
+            .unwrap();
+        let count: usize = shape.iter().product();
+        let data: Vec<u8> = (0..count * elem)
+            .map(|i| (case as u8 * 50).wrapping_add(i as u8).wrapping_mul(7) | 1)
+            .collect();
+        let view = handle
+            .clone()
+            .range((offset * elem) as u64, (size - offset * elem) as u64)
+            .unwrap();
+        let descriptor =
+            CopyDescriptor::new(view.binding(), shape.to_vec(), strides.to_vec(), elem);
+        server
+            .write(vec![(descriptor, Bytes::from_vec(data.clone()))], stream)
+            .unwrap_or_else(|e| panic!("{shape:?} / {strides:?}: {e:?}"));
+        let mut want = old.clone();
+        for (k, at) in elements(shape, strides).into_iter().enumerate() {
+            let byte = (offset + at) * elem;
+            want[byte..byte + elem].copy_from_slice(&data[k * elem..(k + 1) * elem]);
+        }
+        let got = block_on(server.read(vec![handle.copy_descriptor_bytes()], stream))
+            .unwrap()
+            .remove(0)
+            .to_vec();
+        assert_eq!(
+            got, want,
+            "{shape:?} / {strides:?} at element {offset} ({elem}-byte elements): rows at their \
+             strides, the gaps unchanged"
+        );
+    }
+    // Two strided writes in one call, interleaved rows of one buffer: each keeps the other's.
+    let handle = server.create_buffer(64, stream).unwrap();
+    server
+        .write(
+            vec![(
+                handle.clone().copy_descriptor_bytes(),
+                Bytes::from_vec(vec![0xAA; 64]),
+            )],
+            stream,
+        )
+        .unwrap();
+    let even = CopyDescriptor::new(handle.clone().binding(), [4, 2], [4, 1], 4);
+    let odd = CopyDescriptor::new(
+        handle.clone().range(8, 56).unwrap().binding(),
+        [3, 1],
+        [4, 1],
+        4,
+    );
+    server
+        .write(
+            vec![
+                (even, f32_bytes(&ramp(8, 1.0))),
+                (odd, f32_bytes(&[-1.0, -2.0, -3.0])),
+            ],
+            stream,
+        )
+        .unwrap();
+    let got = block_on(server.read(vec![handle.copy_descriptor_bytes()], stream))
+        .unwrap()
+        .remove(0);
+    let mut want = vec![0xAAu8; 64];
+    for (i, v) in ramp(8, 1.0).into_iter().enumerate() {
+        let at = (i / 2) * 16 + (i % 2) * 4;
+        want[at..at + 4].copy_from_slice(&v.to_ne_bytes());
+    }
+    for (i, v) in [-1.0f32, -2.0, -3.0].into_iter().enumerate() {
+        let at = 8 + i * 16;
+        want[at..at + 4].copy_from_slice(&v.to_ne_bytes());
+    }
+    assert_eq!(got.to_vec(), want, "two strided writes in one call");
+    block_on(server.sync(stream)).unwrap();
+}
+
 /// `create_tensors` packs every tensor into one allocation, without overlap.
 pub fn create_tensors_packs_one_allocation<R: Runtime>(client: ComputeClient<R>) {
     let a = ramp(7, 1.0);

@@ -22,6 +22,13 @@ pub fn ramp(n: usize, scale: f32) -> Vec<f32> {
     (0..n).map(|i| i as f32 * scale).collect()
 }
 
+/// How the reason of a multi-device test's reduced run begins (see
+/// [`devices_or_single_device_check`]). `cargo xtask test-all` keys on it: with
+/// `COMPUTE_REQUIRE_BACKENDS`, a required backend's reduced run with this reason fails the run
+/// (CI gives each backend 3 logical devices, so there it is a regression). xtask has its own copy
+/// of this text, and a test there checks that the two agree.
+pub const MULTI_DEVICE_REDUCED: &str = "too few devices";
+
 /// The first `n` devices of the client's type, or `None` when the machine has fewer.
 ///
 /// With too few devices (one GPU, say), the multi-device test cannot run; this then checks the
@@ -45,7 +52,7 @@ pub fn devices_or_single_device_check<R: Runtime>(
         R::name()
     );
     compute_core::env::report_reduced(&format!(
-        "{}::{test} needs {n} devices, this machine has {}; only the clean error for a missing device was checked",
+        "{MULTI_DEVICE_REDUCED}: {}::{test} needs {n} devices, this machine has {}; only the clean error for a missing device was checked",
         R::name(),
         devices.len()
     ));

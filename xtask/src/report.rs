@@ -7,6 +7,7 @@ use std::path::Path;
 use serde::Serialize;
 
 use crate::libtest::Counts;
+use crate::verdict::Reduced;
 
 /// Counts of the workspace's non-conformance tests.
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
@@ -15,17 +16,33 @@ pub struct UnitReport {
     pub passed: u64,
     /// Tests that failed (a crashed or unbuildable run counts as one).
     pub failed: u64,
-    /// Ignored tests.
+    /// Ignored tests, and the reduced runs.
     pub skipped: u64,
+    /// How many of `skipped` are tests that ran a reduced form only (`reduced_runs`).
+    pub reduced: u64,
+    /// The tests that ran a reduced form only, with their reasons.
+    pub reduced_runs: Vec<Reduced>,
 }
 
-impl From<Counts> for UnitReport {
-    fn from(c: Counts) -> Self {
+impl UnitReport {
+    /// The counts of the unit runs and their reduced runs.
+    pub fn new(c: Counts, reduced_runs: Vec<Reduced>) -> Self {
         Self {
             passed: c.passed,
             failed: c.failed,
             skipped: c.skipped,
+            reduced: reduced_runs.len() as u64,
+            reduced_runs,
         }
+    }
+}
+
+/// ` (N reduced runs counted as skipped)`, or nothing for none.
+fn reduced_note(n: u64) -> String {
+    match n {
+        0 => String::new(),
+        1 => " (1 reduced run counted as skipped)".into(),
+        n => format!(" ({n} reduced runs counted as skipped)"),
     }
 }
 
@@ -38,19 +55,53 @@ pub struct BackendReport {
     pub passed: u64,
     /// Tests that failed (a crashed run counts one more).
     pub failed: u64,
-    /// Ignored tests, or all tests of a skipped backend.
+    /// Ignored tests, reduced runs, or all tests of a skipped backend.
     pub skipped: u64,
+    /// How many of `skipped` are tests of this row that ran a reduced form only.
+    pub reduced: u64,
+    /// The tests of this row that ran a reduced form only, with their reasons.
+    pub reduced_runs: Vec<Reduced>,
     /// Why the backend was skipped; `null` when its suite ran.
     pub reason: Option<String>,
 }
 
 impl BackendReport {
-    /// The human-readable line:
-    /// `backend NAME: N passed, N failed, N skipped[ (skipped: REASON)]`.
+    /// A row whose suite ran: its counts and its reduced runs.
+    pub fn ran(backend: &str, counts: Counts, reduced_runs: Vec<Reduced>) -> Self {
+        Self {
+            backend: backend.to_string(),
+            passed: counts.passed,
+            failed: counts.failed,
+            skipped: counts.skipped,
+            reduced: reduced_runs.len() as u64,
+            reduced_runs,
+            reason: None,
+        }
+    }
+
+    /// A row whose suite did not run (`reason`), with `skipped` tests.
+    pub fn not_run(backend: &str, failed: u64, skipped: u64, reason: Option<String>) -> Self {
+        Self {
+            backend: backend.to_string(),
+            passed: 0,
+            failed,
+            skipped,
+            reduced: 0,
+            reduced_runs: Vec::new(),
+            reason,
+        }
+    }
+
+    /// The human-readable line: `backend NAME: N passed, N failed, N skipped[ (N reduced runs
+    /// counted as skipped)][ (skipped: REASON)]`.
     pub fn line(&self) -> String {
         let mut line = format!(
-            "backend {}: {} passed, {} failed, {} skipped",
-            self.backend, self.passed, self.failed, self.skipped
+            "backend {}: {} passed, {} failed, {} skipped{}",
+            self.backend,
+            self.passed,
+            self.failed,
+            self.skipped,
+            reduced_note(self.reduced)
         );
         if let Some(reason) = &self.reason {
             line.push_str(&format!(" (skipped: {reason})"));
@@ -85,7 +136,8 @@ pub struct TestAllReport {
     pub unit: UnitReport,
     /// One entry per built backend, in order.
     pub backends: Vec<BackendReport>,
-    /// Tests that passed a reduced form only (`name: reason`); their counts are in `skipped`.
+    /// Every row's tests that passed a reduced form only (`ROW: TEST: REASON`, the row `unit`
+    /// for the unit tests); their counts are in the rows' `skipped` and `reduced`.
     pub reduced: Vec<String>,
     /// Each example on each available backend.
     pub examples: Vec<ExampleReport>,
@@ -96,11 +148,15 @@ pub struct TestAllReport {
 }
 
 impl UnitReport {
-    /// `workspace unit tests: N passed, N failed, N skipped`.
+    /// `workspace unit tests: N passed, N failed, N skipped[ (N reduced runs counted as
+    /// skipped)]`.
     pub fn line(&self) -> String {
         format!(
-            "workspace unit tests: {} passed, {} failed, {} skipped",
-            self.passed, self.failed, self.skipped
+            "workspace unit tests: {} passed, {} failed, {} skipped{}",
+            self.passed,
+            self.failed,
+            self.skipped,
+            reduced_note(self.reduced)
         )
     }
 }
@@ -127,6 +183,8 @@ mod tests {
             passed: 12,
             failed: 1,
             skipped: 3,
+            reduced: 0,
+            reduced_runs: Vec::new(),
             reason: None,
         };
         assert_eq!(ran.line(), "backend cpu: 12 passed, 1 failed, 3 skipped");
@@ -135,17 +193,22 @@ mod tests {
             passed: 0,
             failed: 0,
             skipped: 15,
+            reduced: 0,
+            reduced_runs: Vec::new(),
             reason: Some("libcuda.so.1 not found".into()),
         };
         assert_eq!(
             skipped.line(),
             "backend cuda: 0 passed, 0 failed, 15 skipped (skipped: libcuda.so.1 not found)"
         );
-        let unit = UnitReport {
-            passed: 40,
-            failed: 0,
-            skipped: 2,
-        };
+        let unit = UnitReport::new(
+            Counts {
+                passed: 40,
+                failed: 0,
+                skipped: 2,
+            },
+            Vec::new(),
+        );
         assert_eq!(
             unit.line(),
             "workspace unit tests: 40 passed, 0 failed, 2 skipped"
@@ -155,28 +218,30 @@ mod tests {
     #[test]
     fn json_shape() {
         let report = TestAllReport {
-            unit: UnitReport {
-                passed: 5,
-                failed: 0,
-                skipped: 1,
-            },
+            unit: UnitReport::new(
+                Counts {
+                    passed: 5,
+                    failed: 0,
+                    skipped: 1,
+                },
+                Vec::new(),
+            ),
             backends: vec![
-                BackendReport {
-                    backend: "cpu".into(),
-                    passed: 3,
-                    failed: 0,
-                    skipped: 0,
-                    reason: None,
-                },
-                BackendReport {
-                    backend: "wgpu".into(),
-                    passed: 0,
-                    failed: 0,
-                    skipped: 3,
-                    reason: Some("no adapter".into()),
-                },
+                BackendReport::ran(
+                    "cpu",
+                    Counts {
+                        passed: 3,
+                        failed: 0,
+                        skipped: 1,
+                    },
+                    vec![Reduced {
+                        test: "cpu::a".into(),
+                        reason: "too few devices: 1".into(),
+                    }],
+                ),
+                BackendReport::not_run("wgpu", 0, 3, Some("no adapter".into())),
             ],
-            reduced: Vec::new(),
+            reduced: vec!["cpu: cpu::a: too few devices: 1".into()],
             examples: vec![ExampleReport {
                 example: "matmul".into(),
                 backend: "cpu".into(),
@@ -189,12 +254,15 @@ mod tests {
         assert_eq!(
             value,
             json!({
-                "unit": {"passed": 5, "failed": 0, "skipped": 1},
+                "unit": {"passed": 5, "failed": 0, "skipped": 1, "reduced": 0, "reduced_runs": []},
                 "backends": [
-                    {"backend": "cpu", "passed": 3, "failed": 0, "skipped": 0, "reason": null},
-                    {"backend": "wgpu", "passed": 0, "failed": 0, "skipped": 3, "reason": "no adapter"}
+                    {"backend": "cpu", "passed": 3, "failed": 0, "skipped": 1, "reduced": 1,
+                     "reduced_runs": [{"test": "cpu::a", "reason": "too few devices: 1"}],
+                     "reason": null},
+                    {"backend": "wgpu", "passed": 0, "failed": 0, "skipped": 3, "reduced": 0,
+                     "reduced_runs": [], "reason": "no adapter"}
                 ],
-                "reduced": [],
+                "reduced": ["cpu: cpu::a: too few devices: 1"],
                 "examples": [{"example": "matmul", "backend": "cpu", "ok": true}],
                 "failures": [],
                 "ok": true
@@ -207,11 +275,14 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("xtask-report-test-{}", std::process::id()));
         let path = dir.join("sub").join("test-all.json");
         let report = TestAllReport {
-            unit: UnitReport {
-                passed: 1,
-                failed: 0,
-                skipped: 0,
-            },
+            unit: UnitReport::new(
+                Counts {
+                    passed: 1,
+                    failed: 0,
+                    skipped: 0,
+                },
+                Vec::new(),
+            ),
             backends: vec![],
             reduced: Vec::new(),
             examples: vec![],

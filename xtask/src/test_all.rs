@@ -6,7 +6,7 @@ use crate::cargo::{Cargo, feature_args};
 use crate::libtest::{Counts, count_listed_tests, parse_run, passed_names};
 use crate::paths::target_dir;
 use crate::report::{self, BackendReport, ExampleReport, TestAllReport, UnitReport};
-use crate::verdict::{Verdict, apply_reduced, judge};
+use crate::verdict::{Reduced, Verdict, apply_reduced, judge};
 
 /// Env var naming backends that must run (comma-separated).
 pub const REQUIRE_ENV: &str = "COMPUTE_REQUIRE_BACKENDS";
@@ -31,6 +31,20 @@ const WORLD: &str = "world";
 /// The row of the multi-process tests in the matrix.
 pub const WORLD_ROW: &str = "cpu-processes";
 
+/// How the reason of a multi-device test's reduced run begins: the text of
+/// `compute_tests::util::MULTI_DEVICE_REDUCED` (a test checks the two agree).
+pub const MULTI_DEVICE_REDUCED: &str = "too few devices";
+
+/// The backends whose device count is a setting (logical devices on one adapter or host), and
+/// that setting. A required one of these must run its multi-device tests in their real form: CI
+/// sets 3 devices each, so a reduced run there is a regression. CUDA's devices are the machine's
+/// GPUs: its multi-device tests may run reduced (on one GPU) and are then skipped, not failed.
+pub const LOGICAL_DEVICES: [(&str, &str); 3] = [
+    ("cpu", "COMPUTE_CPU_DEVICES"),
+    ("wgpu", "COMPUTE_WGPU_DEVICES"),
+    ("vulkan", "COMPUTE_VULKAN_DEVICES"),
+];
+
 /// Run test-all; returns the process exit code.
 pub fn run() -> i32 {
     let selection = match backends::detect() {
@@ -43,8 +57,7 @@ pub fn run() -> i32 {
     let enabled = selection.enabled.clone();
     let mut failures = Vec::new();
 
-    let mut reduced = Vec::new();
-    let unit = unit_tests(&enabled, &mut failures, &mut reduced);
+    let unit = unit_tests(&enabled, &mut failures);
 
     let probe = backends::probe(&enabled);
     failures.extend(probe.error.clone());
@@ -58,23 +71,14 @@ pub fn run() -> i32 {
     let mut reports = Vec::new();
     for (name, availability) in &probe.backends {
         let report = match availability {
-            Availability::Available if built => {
-                run_suite(name, &enabled, &mut failures, &mut reduced)
-            }
-            Availability::Available => BackendReport {
-                backend: name.clone(),
-                passed: 0,
-                failed: 1,
-                skipped: 0,
-                reason: None,
-            },
-            Availability::Unavailable(reason) => BackendReport {
-                backend: name.clone(),
-                passed: 0,
-                failed: 0,
-                skipped: if built { list_tests(name, &enabled) } else { 0 },
-                reason: Some(reason.clone()),
-            },
+            Availability::Available if built => run_suite(name, &enabled, &mut failures),
+            Availability::Available => BackendReport::not_run(name, 1, 0, None),
+            Availability::Unavailable(reason) => BackendReport::not_run(
+                name,
+                0,
+                if built { list_tests(name, &enabled) } else { 0 },
+                Some(reason.clone()),
+            ),
         };
         let cpu_ran = name == "cpu" && matches!(availability, Availability::Available) && built;
         reports.push(report);
@@ -85,7 +89,6 @@ pub fn run() -> i32 {
                 &[("COMPUTE_CPU_JIT", "0")],
                 &enabled,
                 &mut failures,
-                &mut reduced,
             ));
         }
     }
@@ -102,26 +105,14 @@ pub fn run() -> i32 {
     let examples = run_examples(&available, &enabled, &mut failures);
 
     let required = backends::env_name_list(REQUIRE_ENV).unwrap_or_default();
-    let required_failures = check_required(&required, &selection, &reports);
+    let mut required_failures = check_required(&required, &selection, &reports);
+    required_failures.extend(check_required_reduced(&required, &reports));
 
     println!();
-    let reduced_in = |prefix: &str| reduced.iter().filter(|r| r.starts_with(prefix)).count();
-    let with_reduced = |line: String, n: usize| {
-        if n == 0 {
-            line
-        } else {
-            format!("{line} ({n} reduced runs counted as skipped)")
-        }
-    };
-    let unit_reduced = reduced.len()
-        - reports
-            .iter()
-            .map(|r| reduced_in(&format!("{}::", r.backend)))
-            .sum::<usize>();
-    println!("{}", with_reduced(unit.line(), unit_reduced));
+    let reduced = reduced_lines(&unit, &reports);
+    println!("{}", unit.line());
     for report in &reports {
-        let n = reduced_in(&format!("{}::", report.backend));
-        println!("{}", with_reduced(report.line(), n));
+        println!("{}", report.line());
     }
     for r in &reduced {
         println!("  skipped (reduced run): {r}");
@@ -167,12 +158,10 @@ pub fn run() -> i32 {
 /// Tests that could only run a reduced form say so through `COMPUTE_SKIP_LOG` (a fresh file per
 /// run under the target directory); they are counted as skipped, with their reasons.
 fn run_tests(cargo: &Cargo, what: &str) -> Verdict {
-    let log_dir = target_dir().join("skips");
-    let log = log_dir.join(format!(
-        "{}.log",
-        what.replace(|c: char| !c.is_ascii_alphanumeric(), "_")
-    ));
-    let _ = std::fs::create_dir_all(&log_dir);
+    let log = skip_log(what);
+    if let Some(dir) = log.parent() {
+        let _ = std::fs::create_dir_all(dir);
+    }
     let _ = std::fs::remove_file(&log);
     let cargo = cargo.clone().env("COMPUTE_SKIP_LOG", log.as_os_str());
     match cargo.tee() {
@@ -198,13 +187,18 @@ fn run_tests(cargo: &Cargo, what: &str) -> Verdict {
     }
 }
 
+/// The skip log of the run `what` (`target/skips/NAME.log`): one per run, so each row's
+/// reduced runs are its own (`backend cpu` and `backend cpu-interpreter` run the same tests).
+fn skip_log(what: &str) -> std::path::PathBuf {
+    target_dir().join("skips").join(format!(
+        "{}.log",
+        what.replace(|c: char| !c.is_ascii_alphanumeric(), "_")
+    ))
+}
+
 /// The workspace's tests outside the conformance suite: every other
 /// crate, plus the lib and doc tests of `compute-tests`.
-fn unit_tests(
-    enabled: &[String],
-    failures: &mut Vec<String>,
-    reduced: &mut Vec<String>,
-) -> UnitReport {
+fn unit_tests(enabled: &[String], failures: &mut Vec<String>) -> UnitReport {
     let mut commands = vec![(
         "workspace unit tests".to_string(),
         Cargo::new([
@@ -222,6 +216,7 @@ fn unit_tests(
         commands.push((format!("compute-tests {target} tests"), Cargo::new(args)));
     }
     let mut total = Counts::default();
+    let mut reduced = Vec::new();
     for (what, cargo) in commands {
         eprintln!("xtask: running {what}: {} ...", cargo.display());
         let verdict = run_tests(&cargo, &what);
@@ -229,7 +224,7 @@ fn unit_tests(
         failures.extend(verdict.failures);
         reduced.extend(verdict.reduced);
     }
-    total.into()
+    UnitReport::new(total, reduced)
 }
 
 /// Build the conformance test binary once for all enabled backends.
@@ -270,23 +265,18 @@ fn suite_args(name: &str, enabled: &[String]) -> Vec<String> {
 }
 
 /// Run one backend's conformance tests.
-fn run_suite(
-    name: &str,
-    enabled: &[String],
-    failures: &mut Vec<String>,
-    reduced: &mut Vec<String>,
-) -> BackendReport {
-    run_suite_with(name, name, &[], enabled, failures, reduced)
+fn run_suite(name: &str, enabled: &[String], failures: &mut Vec<String>) -> BackendReport {
+    run_suite_with(name, name, &[], enabled, failures)
 }
 
-/// Run one backend's conformance tests with extra environment, reported as `label`.
+/// Run one backend's conformance tests with extra environment, reported as `label`. The run has
+/// a skip log of its own (named after `label`), so its reduced runs are this row's only.
 fn run_suite_with(
     name: &str,
     label: &str,
     envs: &[(&str, &str)],
     enabled: &[String],
     failures: &mut Vec<String>,
-    reduced: &mut Vec<String>,
 ) -> BackendReport {
     eprintln!("xtask: running the conformance suite for {label} ...");
     let mut cargo = Cargo::new(suite_args(name, enabled));
@@ -298,14 +288,7 @@ fn run_suite_with(
         eprintln!("xtask: warning: no conformance test matched `{name}::`");
     }
     failures.extend(verdict.failures);
-    reduced.extend(verdict.reduced);
-    BackendReport {
-        backend: label.to_string(),
-        passed: verdict.counts.passed,
-        failed: verdict.counts.failed,
-        skipped: verdict.counts.skipped,
-        reason: None,
-    }
+    BackendReport::ran(label, verdict.counts, verdict.reduced)
 }
 
 /// The `cargo run` arguments of one example, built with the suite's features.
@@ -377,13 +360,12 @@ fn world_tests(
 ) -> Option<BackendReport> {
     let (_, availability) = probed.iter().find(|(name, _)| name == "cpu")?;
     if let Availability::Unavailable(reason) = availability {
-        return Some(BackendReport {
-            backend: WORLD_ROW.into(),
-            passed: 0,
-            failed: 0,
-            skipped: 0,
-            reason: Some(reason.clone()),
-        });
+        return Some(BackendReport::not_run(
+            WORLD_ROW,
+            0,
+            0,
+            Some(reason.clone()),
+        ));
     }
     eprintln!("xtask: running the multi-process collective tests (cpu, 2 and 4 processes) ...");
     let unavailable: Vec<String> = probed
@@ -397,13 +379,66 @@ fn world_tests(
         failures.push("multi-process collectives (cpu): no test ran".into());
     }
     failures.extend(verdict.failures);
-    Some(BackendReport {
-        backend: WORLD_ROW.into(),
-        passed: verdict.counts.passed,
-        failed: verdict.counts.failed,
-        skipped: verdict.counts.skipped,
-        reason: None,
-    })
+    Some(BackendReport::ran(
+        WORLD_ROW,
+        verdict.counts,
+        verdict.reduced,
+    ))
+}
+
+/// Every reduced run of the unit tests and of each row, as `ROW: TEST: REASON` (the row `unit`
+/// for the unit tests), for the report's flat list and the lines under the matrix.
+fn reduced_lines(unit: &UnitReport, reports: &[BackendReport]) -> Vec<String> {
+    let row = |name: &str, runs: &[Reduced]| -> Vec<String> {
+        runs.iter()
+            .map(|r| format!("{name}: {}", r.line()))
+            .collect()
+    };
+    let mut lines = row("unit", &unit.reduced_runs);
+    for report in reports {
+        lines.extend(row(&report.backend, &report.reduced_runs));
+    }
+    lines
+}
+
+/// The backend a matrix row runs: `cpu-interpreter` and the multi-process row are the CPU
+/// backend's; the others are named after their backend.
+fn row_backend(row: &str) -> &str {
+    if row == CPU_INTERPRETER || row == WORLD_ROW {
+        "cpu"
+    } else {
+        row
+    }
+}
+
+/// The gate on reduced runs: a failure message for each multi-device test (reason beginning
+/// with [`MULTI_DEVICE_REDUCED`]) that ran a reduced form on a row of a required backend whose
+/// device count is a setting ([`LOGICAL_DEVICES`]). Other reduced runs (a missing feature, a
+/// driver's bare disk-cache header, a device limit no input can exceed, the backend crates'
+/// tests without a driver) stay skipped with their reason: they do not depend on the device
+/// count CI sets.
+fn check_required_reduced(required: &[String], reports: &[BackendReport]) -> Vec<String> {
+    let mut messages = Vec::new();
+    for report in reports {
+        let backend = row_backend(&report.backend);
+        if !required.iter().any(|r| r == backend) {
+            continue;
+        }
+        let Some((_, setting)) = LOGICAL_DEVICES.iter().find(|(b, _)| *b == backend) else {
+            continue;
+        };
+        for run in &report.reduced_runs {
+            if run.reason.starts_with(MULTI_DEVICE_REDUCED) {
+                messages.push(format!(
+                    "required backend {backend} ran a multi-device test in a reduced form \
+                     (row {}; set {setting}=3 as CI does): {}",
+                    report.backend,
+                    run.line()
+                ));
+            }
+        }
+    }
+    messages
 }
 
 /// How many conformance tests a backend has (for a skipped backend).
@@ -478,8 +513,170 @@ mod tests {
             passed,
             failed,
             skipped,
+            reduced: 0,
+            reduced_runs: Vec::new(),
             reason: reason.map(Into::into),
         }
+    }
+
+    fn reduced(test: &str, reason: &str) -> Reduced {
+        Reduced {
+            test: test.into(),
+            reason: reason.into(),
+        }
+    }
+
+    fn row_with(name: &str, runs: Vec<Reduced>) -> BackendReport {
+        let counts = Counts {
+            passed: 10,
+            failed: 0,
+            skipped: runs.len() as u64,
+        };
+        BackendReport::ran(name, counts, runs)
+    }
+
+    const FEW: &str = "too few devices: cpu::init_replaces_the_server needs 2 devices, this machine has 1; only the clean error for a missing device was checked";
+
+    #[test]
+    fn reduced_runs_belong_to_the_row_that_ran_them() {
+        // Each row has its own skip log, so the same test reduced on the interpreter row only
+        // is that row's.
+        assert_ne!(skip_log("backend cpu"), skip_log("backend cpu-interpreter"));
+        assert_ne!(
+            skip_log("backend cpu"),
+            skip_log("multi-process collectives (cpu)")
+        );
+        let unit = UnitReport::new(
+            Counts {
+                passed: 5,
+                failed: 0,
+                skipped: 1,
+            },
+            vec![reduced("runtime::device", "Vulkan unavailable (no loader)")],
+        );
+        let reports = vec![
+            row_with("cpu", vec![reduced("cpu::a", "x")]),
+            row_with(
+                CPU_INTERPRETER,
+                vec![reduced("cpu::a", "x"), reduced("cpu::b", FEW)],
+            ),
+            row_with(WORLD_ROW, vec![reduced("cuda_world", "no GPU")]),
+            row_with("wgpu", vec![]),
+        ];
+        assert_eq!(
+            unit.line(),
+            "workspace unit tests: 5 passed, 0 failed, 1 skipped (1 reduced run counted as skipped)"
+        );
+        let lines: Vec<String> = reports.iter().map(BackendReport::line).collect();
+        assert_eq!(
+            lines,
+            names(&[
+                "backend cpu: 10 passed, 0 failed, 1 skipped (1 reduced run counted as skipped)",
+                "backend cpu-interpreter: 10 passed, 0 failed, 2 skipped (2 reduced runs counted as skipped)",
+                "backend cpu-processes: 10 passed, 0 failed, 1 skipped (1 reduced run counted as skipped)",
+                "backend wgpu: 10 passed, 0 failed, 0 skipped",
+            ])
+        );
+        assert_eq!(
+            reports.iter().map(|r| r.reduced).collect::<Vec<_>>(),
+            vec![1, 2, 1, 0]
+        );
+        assert_eq!(
+            reduced_lines(&unit, &reports),
+            vec![
+                "unit: runtime::device: Vulkan unavailable (no loader)".to_string(),
+                "cpu: cpu::a: x".to_string(),
+                "cpu-interpreter: cpu::a: x".to_string(),
+                format!("cpu-interpreter: cpu::b: {FEW}"),
+                "cpu-processes: cuda_world: no GPU".to_string(),
+            ]
+        );
+    }
+
+    #[test]
+    fn required_backends_fail_on_reduced_multi_device_runs() {
+        let few = |backend: &str, test: &str| {
+            reduced(
+                &format!("{backend}::{test}"),
+                &format!(
+                    "{MULTI_DEVICE_REDUCED}: {backend}::{test} needs 3 devices, this machine has 1"
+                ),
+            )
+        };
+        let reports = vec![
+            row_with(
+                "cpu",
+                vec![
+                    few("cpu", "all_reduce_sum_and_mean"),
+                    reduced(
+                        "cpu::over_limit_dynamic_count_is_an_error",
+                        "cpu: no u32 count exceeds max_cube_count",
+                    ),
+                ],
+            ),
+            row_with(
+                CPU_INTERPRETER,
+                vec![few("cpu", "init_replaces_the_server")],
+            ),
+            row_with(WORLD_ROW, vec![]),
+            // A missing feature and a driver's bare disk-cache header do not depend on the
+            // device count: skipped, never failed.
+            row_with("wgpu", vec![reduced("wgpu::ir_math_f64", "wgpu lacks f64")]),
+            row_with(
+                "vulkan",
+                vec![
+                    reduced(
+                        "vulkan::disk_cache",
+                        "the driver returned a bare pipeline cache header",
+                    ),
+                    few("vulkan", "foreign_handle_is_rejected"),
+                ],
+            ),
+            // CUDA's devices are the machine's GPUs: one GPU reduces its multi-device tests.
+            row_with(
+                "cuda",
+                vec![few("cuda", "to_client_copies_between_devices")],
+            ),
+        ];
+        let got = check_required_reduced(&names(&["cpu", "wgpu", "cuda"]), &reports);
+        assert_eq!(
+            got,
+            vec![
+                format!(
+                    "required backend cpu ran a multi-device test in a reduced form (row cpu; \
+                     set COMPUTE_CPU_DEVICES=3 as CI does): cpu::all_reduce_sum_and_mean: \
+                     {MULTI_DEVICE_REDUCED}: cpu::all_reduce_sum_and_mean needs 3 devices, this machine has 1"
+                ),
+                format!(
+                    "required backend cpu ran a multi-device test in a reduced form (row \
+                     cpu-interpreter; set COMPUTE_CPU_DEVICES=3 as CI does): \
+                     cpu::init_replaces_the_server: {MULTI_DEVICE_REDUCED}: \
+                     cpu::init_replaces_the_server needs 3 devices, this machine has 1"
+                ),
+            ]
+        );
+        // Vulkan is not required here: its reduced run is a skip. Required, it fails.
+        let vulkan = check_required_reduced(&names(&["vulkan"]), &reports);
+        assert_eq!(vulkan.len(), 1, "{vulkan:?}");
+        assert!(
+            vulkan[0].contains("COMPUTE_VULKAN_DEVICES=3")
+                && vulkan[0].contains("vulkan::foreign_handle_is_rejected: too few devices"),
+            "{}",
+            vulkan[0]
+        );
+        // Nothing required: no gate.
+        assert!(check_required_reduced(&[], &reports).is_empty());
+    }
+
+    #[test]
+    fn multi_device_marker_matches_the_suite() {
+        let util = include_str!("../../compute-tests/src/util.rs");
+        let line = format!("pub const MULTI_DEVICE_REDUCED: &str = \"{MULTI_DEVICE_REDUCED}\";");
+        assert!(
+            util.contains(&line),
+            "compute-tests/src/util.rs must define `{line}`"
+        );
+        assert!(util.contains("\"{MULTI_DEVICE_REDUCED}: {}::{test} needs {n} devices"));
     }
 
     #[test]

@@ -1,7 +1,26 @@
 //! Turning a finished `cargo test` run (exit status + parsed output) into
 //! counts and failure messages.
 
+use serde::Serialize;
+
 use crate::libtest::{Counts, ParsedRun};
+
+/// A test that passed, but only in a reduced form (reported through
+/// `compute_core::env::report_reduced`): counted as skipped, with its reason.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Reduced {
+    /// The libtest name (`cpu::foreign_handle_is_rejected`).
+    pub test: String,
+    /// Why only the reduced form ran.
+    pub reason: String,
+}
+
+impl Reduced {
+    /// `TEST: REASON`.
+    pub fn line(&self) -> String {
+        format!("{}: {}", self.test, self.reason)
+    }
+}
 
 /// The judged outcome of one `cargo test` run.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -11,9 +30,8 @@ pub struct Verdict {
     pub counts: Counts,
     /// Why the run failed; empty when it passed.
     pub failures: Vec<String>,
-    /// Tests that passed but could only run a reduced form (`name: reason`): counted as
-    /// skipped, not passed.
-    pub reduced: Vec<String>,
+    /// Tests that passed but could only run a reduced form: counted as skipped, not passed.
+    pub reduced: Vec<Reduced>,
 }
 
 /// Judge one run. `what` names it in messages, `success` is whether cargo
@@ -69,18 +87,24 @@ pub fn judge(what: &str, parsed: &ParsedRun, success: bool, detail: &str) -> Ver
 /// through `compute_core::env::report_reduced`) from passed to skipped. Only tests that passed
 /// move: a reduced test that failed stays a failure.
 pub fn apply_reduced(verdict: &mut Verdict, passed: &[String], reduced_log: &str) {
-    let mut seen = std::collections::BTreeMap::new();
+    // Each test once, with its distinct reasons in the order reported.
+    let mut seen: std::collections::BTreeMap<String, Vec<String>> = Default::default();
     for line in reduced_log.lines() {
         if let Some((name, reason)) = line.split_once('\t') {
-            seen.entry(name.to_owned())
-                .or_insert_with(|| reason.to_owned());
+            let reasons = seen.entry(name.to_owned()).or_default();
+            if !reasons.iter().any(|r| r == reason) {
+                reasons.push(reason.to_owned());
+            }
         }
     }
-    for (name, reason) in seen {
+    for (name, reasons) in seen {
         if passed.iter().any(|p| p == &name) && verdict.counts.passed > 0 {
             verdict.counts.passed -= 1;
             verdict.counts.skipped += 1;
-            verdict.reduced.push(format!("{name}: {reason}"));
+            verdict.reduced.push(Reduced {
+                test: name,
+                reason: reasons.join("; "),
+            });
         }
     }
 }
@@ -172,6 +196,37 @@ mod tests {
             verdict.counts.failed, 1,
             "a reduced test that failed stays failed"
         );
-        assert_eq!(verdict.reduced, vec!["cpu::b: needs 3 devices".to_string()]);
+        assert_eq!(
+            verdict.reduced,
+            vec![Reduced {
+                test: "cpu::b".into(),
+                reason: "needs 3 devices".into()
+            }]
+        );
+        assert_eq!(verdict.reduced[0].line(), "cpu::b: needs 3 devices");
+    }
+
+    #[test]
+    fn a_test_reduced_for_two_reasons_names_both() {
+        let output = "test wgpu::x ... ok\ntest wgpu::y ... ok\n\
+                      test result: ok. 2 passed; 0 failed; 0 ignored; 0 measured; 0 filtered out\n";
+        let mut verdict = judge("backend wgpu", &parse_run(output), true, "exit status: 0");
+        let log =
+            "wgpu::x\tlacks f64\nwgpu::x\tlacks f16\nwgpu::x\tlacks f64\nunknown\tnot run here\n";
+        apply_reduced(&mut verdict, &crate::libtest::passed_names(output), log);
+        assert_eq!(
+            verdict.counts,
+            Counts {
+                passed: 1,
+                failed: 0,
+                skipped: 1
+            }
+        );
+        assert_eq!(
+            verdict.reduced.len(),
+            1,
+            "a name that did not pass is ignored"
+        );
+        assert_eq!(verdict.reduced[0].line(), "wgpu::x: lacks f64; lacks f16");
     }
 }

@@ -45,6 +45,12 @@ fn run_expected<R: Runtime>(name: &str, test: fn(ComputeClient<R>), client: Comp
                 R::name(),
                 expectation.reason
             );
+            // It failed as declared: what it checks does not hold here, so it is no pass.
+            compute_core::env::report_reduced(&format!(
+                "declared to fail on {} (compute-tests expectations): {}",
+                R::name(),
+                expectation.reason
+            ));
         }
     }
 }

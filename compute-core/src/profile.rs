@@ -92,6 +92,28 @@ pub fn host_profile(
     })
 }
 
+/// `profile_end` by the rule every backend with a [`ProfileTable`] shares: end `token` in the
+/// table `table` picks out of `server`; a profile started without device timestamps (`None`, a
+/// device without timestamp queries) is timed on the host until a sync of `stream` completes,
+/// one started with timestamps `Q` is finished by `device` (its closing timestamp and readback).
+/// An unknown token is [`ProfileError::Unavailable`](crate::ProfileError::Unavailable).
+pub fn end_profile<S: crate::ComputeServer, Q>(
+    server: &mut S,
+    table: impl FnOnce(&mut S) -> &mut ProfileTable<Q>,
+    token: ProfileToken,
+    stream: crate::StreamId,
+    device: impl FnOnce(
+        &mut S,
+        Q,
+    ) -> crate::future::DynFut<Result<ProfileDuration, crate::ProfileError>>,
+) -> crate::future::DynFut<Result<ProfileDuration, crate::ProfileError>> {
+    match table(server).end(token) {
+        Ok((_, Some(queries))) => device(server, queries),
+        Ok((start, None)) => host_profile(start, server.sync(stream)),
+        Err(e) => Box::pin(core::future::ready(Err(e))),
+    }
+}
+
 /// A device-timed result from a timestamp difference of `ticks` of `period_ns` nanoseconds. One
 /// tick is the resolution: work that fits in it is reported as one tick.
 pub fn device_profile(ticks: u64, period_ns: f64) -> ProfileDuration {

@@ -44,8 +44,8 @@ impl CudaServer {
         kernel: &CudaKernel,
         checked: bool,
     ) -> Result<Arc<CompiledKernel>, ServerError> {
-        if let Some(found) = self.kernels.get(&(kernel.id, checked)) {
-            return Ok(found.clone());
+        if let Some(found) = self.kernels.get(kernel.id, checked) {
+            return Ok(found);
         }
         kernel.definition.validate(&self.properties.hardware)?;
         let compiled = Arc::new(compiler::compile(
@@ -54,7 +54,7 @@ impl CudaServer {
             checked,
             self.target,
         )?);
-        self.kernels.insert((kernel.id, checked), compiled.clone());
+        self.kernels.insert(kernel.id, checked, compiled.clone());
         Ok(compiled)
     }
 

@@ -164,15 +164,8 @@ impl WgpuServer {
         kernel: &WgpuKernel,
         checked: bool,
     ) -> Result<Arc<Pipeline>, ServerError> {
-        if let Some((id, c, found)) = &self.last_pipeline
-            && *id == kernel.id
-            && *c == checked
-        {
-            return Ok(found.clone());
-        }
-        if let Some(found) = self.pipelines.get(&(kernel.id, checked)) {
-            self.last_pipeline = Some((kernel.id, checked, found.clone()));
-            return Ok(found.clone());
+        if let Some(found) = self.pipelines.get(kernel.id, checked) {
+            return Ok(found);
         }
         let def = &kernel.definition;
         def.validate(&self.properties.hardware)?;
@@ -240,8 +233,7 @@ impl WgpuServer {
             info: compiled.info,
             item_sizes: compiled.buffer_item_sizes,
         });
-        self.pipelines
-            .insert((kernel.id, checked), pipeline.clone());
+        self.pipelines.insert(kernel.id, checked, pipeline.clone());
         Ok(pipeline)
     }
 

@@ -330,15 +330,8 @@ impl VulkanServer {
         kernel: &VulkanKernel,
         checked: bool,
     ) -> Result<Arc<Pipeline>, ServerError> {
-        if let Some((id, was_checked, found)) = &self.last_pipeline
-            && *id == kernel.id
-            && *was_checked == checked
-        {
-            return Ok(found.clone());
-        }
-        if let Some(found) = self.pipelines.get(&(kernel.id, checked)) {
-            self.last_pipeline = Some((kernel.id, checked, found.clone()));
-            return Ok(found.clone());
+        if let Some(found) = self.pipelines.get(kernel.id, checked) {
+            return Ok(found);
         }
         let def = &kernel.definition;
         def.validate(&self.properties.hardware)?;
@@ -367,9 +360,7 @@ impl VulkanServer {
             push,
         )?);
         self.cache.created();
-        self.pipelines
-            .insert((kernel.id, checked), pipeline.clone());
-        self.last_pipeline = Some((kernel.id, checked, pipeline.clone()));
+        self.pipelines.insert(kernel.id, checked, pipeline.clone());
         Ok(pipeline)
     }
 }

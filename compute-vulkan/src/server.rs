@@ -21,6 +21,7 @@ use std::sync::Arc;
 
 use ash::vk;
 use compute_core::backend::{CreateRules, Graphs, KernelCache, ServerKit, StreamEntry, Streams};
+use compute_core::collective::GroupScope;
 use compute_core::future::DynFut;
 use compute_core::handle::HandleOwner;
 use compute_core::memory::{MemoryDeviceProperties, SliceId};
@@ -309,7 +310,11 @@ impl VulkanServer {
             graphs: Graphs::default(),
             profiles: ProfileTable::default(),
             errors,
-            collectives: Collectives::default(),
+            collectives: Collectives::new(GroupScope {
+                me: owner.device,
+                count: crate::device::device_count,
+                backend: "vulkan",
+            }),
             words: Vec::new(),
             info_words: Vec::new(),
             descriptors: Vec::new(),

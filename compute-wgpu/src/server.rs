@@ -20,6 +20,7 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 
 use compute_core::backend::{CreateRules, Graphs, KernelCache, ServerKit, StreamEntry, Streams};
+use compute_core::collective::GroupScope;
 use compute_core::future::DynFut;
 use compute_core::handle::HandleOwner;
 use compute_core::profile::ProfileTable;
@@ -185,7 +186,11 @@ impl WgpuServer {
             errors,
             guard_status,
             guard_unread: false,
-            collectives: Collectives::default(),
+            collectives: Collectives::new(GroupScope {
+                me: owner.device,
+                count: crate::device::device_count,
+                backend: "wgpu",
+            }),
             staging_bytes: StagingBytes::default(),
             submitter,
             poller,

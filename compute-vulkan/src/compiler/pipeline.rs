@@ -330,10 +330,10 @@ impl VulkanServer {
         kernel: &VulkanKernel,
         checked: bool,
     ) -> Result<Arc<Pipeline>, ServerError> {
-        if let Some(found) = self.pipelines.get(kernel.id, checked) {
+        if let Some(found) = self.pipelines.get(kernel.id(), checked) {
             return Ok(found);
         }
-        let def = &kernel.definition;
+        let def = kernel.definition();
         def.validate(&self.properties.hardware)?;
         let compiled = super::compile(def, &self.ctx.caps, checked)?;
         // Launch info changes every launch: pushed. Everything else binds cached sets.
@@ -360,7 +360,8 @@ impl VulkanServer {
             push,
         )?);
         self.cache.created();
-        self.pipelines.insert(kernel.id, checked, pipeline.clone());
+        self.pipelines
+            .insert(kernel.id(), checked, pipeline.clone());
         Ok(pipeline)
     }
 }

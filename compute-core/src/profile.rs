@@ -13,6 +13,18 @@ pub enum TimingMethod {
     Host,
 }
 
+impl TimingMethod {
+    /// How a backend times its profiles: with device timestamps where the device has them, with
+    /// the host's clock around a sync where it has none.
+    pub fn with_timestamps(device_timestamps: bool) -> Self {
+        if device_timestamps {
+            TimingMethod::Device
+        } else {
+            TimingMethod::Host
+        }
+    }
+}
+
 /// The duration of profiled work and how it was measured.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ProfileDuration {

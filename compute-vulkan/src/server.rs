@@ -279,11 +279,7 @@ impl VulkanServer {
                 device_timestamps: timestamps,
                 collectives: true,
             },
-            timing: if timestamps {
-                TimingMethod::Device
-            } else {
-                TimingMethod::Host
-            },
+            timing: TimingMethod::with_timestamps(timestamps),
             pitch_alignment: None,
         };
         let owner = HandleOwner::fresh(compute_core::Device::to_id(&device));

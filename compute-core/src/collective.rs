@@ -517,6 +517,25 @@ pub fn check_group(
     Ok(group)
 }
 
+/// What a server checks the groups of its collectives against: its own device, and the devices
+/// of its backend (counted when a group is checked, as the count may come from the environment).
+#[derive(Clone, Copy, Debug)]
+pub struct GroupScope {
+    /// The server's device.
+    pub me: DeviceId,
+    /// How many devices the backend has.
+    pub count: fn() -> u32,
+    /// The backend's name in errors.
+    pub backend: &'static str,
+}
+
+impl GroupScope {
+    /// [`check_group`] in this scope: `devices` sorted, without repeats, checked.
+    pub fn check(&self, devices: &[DeviceId]) -> Result<Vec<DeviceId>, ServerError> {
+        check_group(devices, self.me, (self.count)(), self.backend)
+    }
+}
+
 /// The arguments of an all-reduce over `group`, checked once for every backend: the group was
 /// initialised (`initialised`), and input and output are the same whole number of elements.
 pub fn check_all_reduce(
@@ -548,15 +567,18 @@ pub fn check_all_reduce(
 /// its group. Until a round has finished, [`HostCollectives::wait_for`] blocks later work that
 /// touches its output slice.
 pub struct HostCollectives<K, R> {
+    scope: GroupScope,
     groups: BTreeSet<Vec<DeviceId>>,
     pending: Arc<Pending>,
     workers: HashMap<K, Worker<R>>,
     errors: Arc<ErrorList>,
 }
 
-impl<K, R> Default for HostCollectives<K, R> {
-    fn default() -> Self {
+impl<K, R> HostCollectives<K, R> {
+    /// The collectives of a server whose groups are checked in `scope`.
+    pub fn new(scope: GroupScope) -> Self {
         Self {
+            scope,
             groups: BTreeSet::new(),
             pending: Arc::default(),
             workers: HashMap::new(),
@@ -566,10 +588,13 @@ impl<K, R> Default for HostCollectives<K, R> {
 }
 
 impl<K: Eq + Hash + Clone, R: Send + 'static> HostCollectives<K, R> {
-    /// Remember an initialised group (and register it with [`HostRendezvous::register`]).
-    pub fn init(&mut self, group: Vec<DeviceId>) {
+    /// `ensure_init_collective`: check the group `devices` in the server's scope, register it
+    /// with [`HostRendezvous::register`] and remember it as initialised.
+    pub fn init(&mut self, devices: &[DeviceId]) -> Result<(), ServerError> {
+        let group = self.scope.check(devices)?;
         HostRendezvous::global().register(&group);
         self.groups.insert(group);
+        Ok(())
     }
 
     /// Whether `group` was initialised.
@@ -577,15 +602,18 @@ impl<K: Eq + Hash + Clone, R: Send + 'static> HostCollectives<K, R> {
         self.groups.contains(group)
     }
 
-    /// [`check_all_reduce`] for a group of this server: initialised here, sizes that agree.
+    /// The group of an all-reduce over `devices`: checked in the server's scope, then
+    /// [`check_all_reduce`] (initialised here, sizes that agree).
     pub fn check_all_reduce(
         &self,
-        group: &[DeviceId],
+        devices: &[DeviceId],
         src: u64,
         dst: u64,
         dtype: ElemType,
-    ) -> Result<(), ServerError> {
-        check_all_reduce(group, self.is_init(group), src, dst, dtype)
+    ) -> Result<Vec<DeviceId>, ServerError> {
+        let group = self.scope.check(devices)?;
+        check_all_reduce(&group, self.is_init(&group), src, dst, dtype)?;
+        Ok(group)
     }
 
     /// The next round number of `device` in `group` (the first is 1): see
@@ -775,12 +803,17 @@ mod tests {
         use std::sync::atomic::AtomicU32;
 
         type Round = (u32, Result<(), ServerError>);
-        let mut c: HostCollectives<u8, Round> = HostCollectives::default();
         // Devices of a type no other test uses: the round counters are the process's.
         let (d0, d1) = (DeviceId::new(901, 0), DeviceId::new(901, 1));
+        let scope = GroupScope {
+            me: d0,
+            count: || 2,
+            backend: "test",
+        };
+        let mut c: HostCollectives<u8, Round> = HostCollectives::new(scope);
         let (a, b) = (vec![d0], vec![d1]);
         assert!(!c.is_init(&a));
-        c.init(a.clone());
+        c.init(&a).unwrap();
         assert!(c.is_init(&a) && !c.is_init(&b));
         assert_eq!(
             (
@@ -791,7 +824,7 @@ mod tests {
             (1, 2, 1)
         );
         // A second state for the same device (a replaced server) carries on from the count.
-        let fresh: HostCollectives<u8, Round> = HostCollectives::default();
+        let fresh: HostCollectives<u8, Round> = HostCollectives::new(scope);
         assert_eq!(fresh.next_round(&a, d0), 3);
 
         // Rounds run in issue order, off this thread; wait_for blocks until the round that

@@ -18,6 +18,17 @@ pub struct HandleOwner {
     pub server: u64,
 }
 
+impl HandleOwner {
+    /// The owner for a new server of `device`: a server id no other server of the process has.
+    pub fn fresh(device: DeviceId) -> Self {
+        static NEXT_SERVER: core::sync::atomic::AtomicU64 = core::sync::atomic::AtomicU64::new(1);
+        Self {
+            device,
+            server: NEXT_SERVER.fetch_add(1, core::sync::atomic::Ordering::Relaxed),
+        }
+    }
+}
+
 /// A point in a stream's order: the `seq`-th command submitted to `stream`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct StreamPoint {

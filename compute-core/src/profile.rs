@@ -13,6 +13,18 @@ pub enum TimingMethod {
     Host,
 }
 
+impl TimingMethod {
+    /// How a backend times its profiles: with device timestamps where the device has them, with
+    /// the host's clock around a sync where it has none.
+    pub fn with_timestamps(device_timestamps: bool) -> Self {
+        if device_timestamps {
+            TimingMethod::Device
+        } else {
+            TimingMethod::Host
+        }
+    }
+}
+
 /// The duration of profiled work and how it was measured.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ProfileDuration {
@@ -90,6 +102,28 @@ pub fn host_profile(
             timing: TimingMethod::Host,
         })
     })
+}
+
+/// `profile_end` by the rule every backend with a [`ProfileTable`] shares: end `token` in the
+/// table `table` picks out of `server`; a profile started without device timestamps (`None`, a
+/// device without timestamp queries) is timed on the host until a sync of `stream` completes,
+/// one started with timestamps `Q` is finished by `device` (its closing timestamp and readback).
+/// An unknown token is [`ProfileError::Unavailable`](crate::ProfileError::Unavailable).
+pub fn end_profile<S: crate::ComputeServer, Q>(
+    server: &mut S,
+    table: impl FnOnce(&mut S) -> &mut ProfileTable<Q>,
+    token: ProfileToken,
+    stream: crate::StreamId,
+    device: impl FnOnce(
+        &mut S,
+        Q,
+    ) -> crate::future::DynFut<Result<ProfileDuration, crate::ProfileError>>,
+) -> crate::future::DynFut<Result<ProfileDuration, crate::ProfileError>> {
+    match table(server).end(token) {
+        Ok((_, Some(queries))) => device(server, queries),
+        Ok((start, None)) => host_profile(start, server.sync(stream)),
+        Err(e) => Box::pin(core::future::ready(Err(e))),
+    }
 }
 
 /// A device-timed result from a timestamp difference of `ticks` of `period_ns` nanoseconds. One

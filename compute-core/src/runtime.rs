@@ -22,9 +22,25 @@ pub trait Runtime: Send + Sync + Sized + 'static {
     /// Start the server of `device`.
     fn create_server(device: &Self::Device) -> Result<Self::Server, ServerError>;
 
-    /// Every device of type `type_id`.
-    fn enumerate_devices(type_id: u16) -> Vec<DeviceId>;
+    /// The type id of the backend's devices (`DeviceId::type_id`).
+    const DEVICE_TYPE: u16;
 
-    /// Every device of every type.
-    fn enumerate_all_devices() -> Vec<DeviceId>;
+    /// How many devices the backend has (its devices' indices are `0..device_count()`).
+    fn device_count() -> u32;
+
+    /// Every device of type `type_id`: the backend's devices for its [`DEVICE_TYPE`](Self::DEVICE_TYPE),
+    /// none for another type.
+    fn enumerate_devices(type_id: u16) -> Vec<DeviceId> {
+        if type_id != Self::DEVICE_TYPE {
+            return Vec::new();
+        }
+        (0..Self::device_count())
+            .map(|i| DeviceId::new(Self::DEVICE_TYPE, i))
+            .collect()
+    }
+
+    /// Every device of every type (a backend has devices of one type).
+    fn enumerate_all_devices() -> Vec<DeviceId> {
+        Self::enumerate_devices(Self::DEVICE_TYPE)
+    }
 }

@@ -86,12 +86,12 @@ impl RecordedLaunch {
 
 impl CpuServer {
     pub(crate) fn plan(&mut self, kernel: &CpuKernel) -> Result<Arc<Plan>, ServerError> {
-        if let Some(plan) = self.plans.get(&kernel.id) {
+        if let Some(plan) = self.plans.get(&kernel.id()) {
             return Ok(plan.clone());
         }
-        kernel.definition.validate(&self.properties.hardware)?;
-        let plan = Arc::new(compiler::compile(&kernel.definition)?);
-        self.plans.insert(kernel.id, plan.clone());
+        kernel.definition().validate(&self.properties.hardware)?;
+        let plan = Arc::new(compiler::compile(kernel.definition())?);
+        self.plans.insert(kernel.id(), plan.clone());
         Ok(plan)
     }
 
@@ -103,9 +103,9 @@ impl CpuServer {
         mode: ExecutionMode,
         stream: StreamId,
     ) -> Result<(), ServerError> {
-        kernel.definition.check_arguments(&arguments)?;
+        kernel.definition().check_arguments(&arguments)?;
         count.check(&self.properties.hardware)?;
-        let cube_size = u64::from(kernel.definition.cube_size());
+        let cube_size = u64::from(kernel.definition().cube_size());
         let plan = self.plan(&kernel)?;
         let (count, count_binding) = match count {
             CubeCount::Static(x, y, z) => (CountSource::Static([x, y, z]), None),

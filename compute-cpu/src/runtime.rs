@@ -2,8 +2,7 @@
 
 use compute_core::memory::MemoryDeviceProperties;
 use compute_core::{
-    DeviceId, DeviceProperties, ElemType, Features, HardwareProperties, Runtime, ServerError,
-    TimingMethod,
+    DeviceProperties, ElemType, Features, HardwareProperties, Runtime, ServerError, TimingMethod,
 };
 
 use crate::device::{CPU_DEVICE_TYPE, CpuDevice, device_count, host_memory_bytes};
@@ -68,6 +67,7 @@ fn properties(device: CpuDevice) -> DeviceProperties {
 impl Runtime for CpuRuntime {
     type Server = CpuServer;
     type Device = CpuDevice;
+    const DEVICE_TYPE: u16 = CPU_DEVICE_TYPE;
 
     fn name() -> &'static str {
         "cpu"
@@ -90,16 +90,7 @@ impl Runtime for CpuRuntime {
         Ok(CpuServer::new(*device, properties(*device)))
     }
 
-    fn enumerate_devices(type_id: u16) -> Vec<DeviceId> {
-        if type_id != CPU_DEVICE_TYPE {
-            return Vec::new();
-        }
-        (0..device_count())
-            .map(|i| DeviceId::new(CPU_DEVICE_TYPE, i))
-            .collect()
-    }
-
-    fn enumerate_all_devices() -> Vec<DeviceId> {
-        Self::enumerate_devices(CPU_DEVICE_TYPE)
+    fn device_count() -> u32 {
+        device_count()
     }
 }

@@ -63,11 +63,7 @@ pub struct CpuServer {
 impl CpuServer {
     /// A server for `device`, with `properties` describing it.
     pub fn new(device: CpuDevice, properties: DeviceProperties) -> Self {
-        static NEXT_SERVER: core::sync::atomic::AtomicU64 = core::sync::atomic::AtomicU64::new(1);
-        let owner = HandleOwner {
-            device: compute_core::Device::to_id(&device),
-            server: NEXT_SERVER.fetch_add(1, core::sync::atomic::Ordering::Relaxed),
-        };
+        let owner = HandleOwner::fresh(compute_core::Device::to_id(&device));
         Self {
             device,
             owner,

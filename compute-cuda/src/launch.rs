@@ -45,17 +45,17 @@ impl CudaServer {
         kernel: &CudaKernel,
         checked: bool,
     ) -> Result<Arc<CompiledKernel>, ServerError> {
-        if let Some(found) = self.kernels.get(&(kernel.id, checked)) {
-            return Ok(found.clone());
+        if let Some(found) = self.kernels.get(kernel.id(), checked) {
+            return Ok(found);
         }
-        kernel.definition.validate(&self.properties.hardware)?;
+        kernel.definition().validate(&self.properties.hardware)?;
         let compiled = Arc::new(compiler::compile(
-            &kernel.definition,
-            kernel.id,
+            kernel.definition(),
+            kernel.id(),
             checked,
             self.target,
         )?);
-        self.kernels.insert((kernel.id, checked), compiled.clone());
+        self.kernels.insert(kernel.id(), checked, compiled.clone());
         Ok(compiled)
     }
 
@@ -101,7 +101,7 @@ impl CudaServer {
         stream: StreamId,
     ) -> Result<(), ServerError> {
         self.settle()?;
-        let definition = &kernel.definition;
+        let definition = kernel.definition();
         // The kernel's own limits (cube dimensions, shared and private memory) are checked once,
         // with the rest of the IR, when it is compiled.
         definition.check_arguments(&arguments)?;

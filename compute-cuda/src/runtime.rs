@@ -4,8 +4,7 @@ use std::sync::Arc;
 
 use compute_core::memory::MemoryDeviceProperties;
 use compute_core::{
-    DeviceId, DeviceProperties, ElemType, Features, HardwareProperties, Runtime, ServerError,
-    TimingMethod,
+    DeviceProperties, ElemType, Features, HardwareProperties, Runtime, ServerError, TimingMethod,
 };
 use cudarc::driver::{result, sys};
 
@@ -76,6 +75,7 @@ pub(crate) fn properties(context: &Context) -> DeviceProperties {
 impl Runtime for CudaRuntime {
     type Server = CudaServer;
     type Device = CudaDevice;
+    const DEVICE_TYPE: u16 = CUDA_DEVICE_TYPE;
 
     fn name() -> &'static str {
         "cuda"
@@ -98,16 +98,7 @@ impl Runtime for CudaRuntime {
         CudaServer::new(*device, context, properties)
     }
 
-    fn enumerate_devices(type_id: u16) -> Vec<DeviceId> {
-        if type_id != CUDA_DEVICE_TYPE {
-            return Vec::new();
-        }
-        (0..driver::device_count())
-            .map(|i| DeviceId::new(CUDA_DEVICE_TYPE, i))
-            .collect()
-    }
-
-    fn enumerate_all_devices() -> Vec<DeviceId> {
-        Self::enumerate_devices(CUDA_DEVICE_TYPE)
+    fn device_count() -> u32 {
+        driver::device_count()
     }
 }

@@ -11,10 +11,9 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use compute_core::backend::{CreateRules, Graphs, ServerKit, StreamEntry, Streams};
+use compute_core::backend::{CreateRules, Graphs, KernelCache, ServerKit, StreamEntry, Streams};
 use compute_core::future::DynFut;
 use compute_core::handle::HandleOwner;
-use compute_core::kernel::KernelId;
 use compute_core::{
     Binding, ComputeServer, CubeCount, DeviceId, DeviceProperties, ExecutionMode, KernelArguments,
     ServerError, StreamId,
@@ -68,7 +67,7 @@ pub struct CudaServer {
     /// Where the issues put their first error, and that error once the server took it.
     pub(crate) issue_errors: IssueError,
     pub(crate) issue_error: Option<ServerError>,
-    pub(crate) kernels: HashMap<(KernelId, bool), Arc<CompiledKernel>>,
+    pub(crate) kernels: KernelCache<CompiledKernel>,
     /// The launch parameter slots of the last launch, kept for their capacity: a launch packs
     /// its parameters without allocating.
     pub(crate) launch_slots: Vec<[u64; crate::launch::SLOT_WORDS]>,
@@ -98,7 +97,6 @@ impl CudaServer {
         context: Arc<Context>,
         properties: DeviceProperties,
     ) -> Result<Self, ServerError> {
-        static NEXT_SERVER: core::sync::atomic::AtomicU64 = core::sync::atomic::AtomicU64::new(1);
         use sys::CUdevice_attribute as A;
         let target = Target {
             major: context.attribute(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR),
@@ -107,10 +105,7 @@ impl CudaServer {
         };
         let pinned = PinnedPool::new(context.clone());
         let events = EventPool::new(WaitEvents::new(context.clone()));
-        let owner = HandleOwner {
-            device: compute_core::Device::to_id(&device),
-            server: NEXT_SERVER.fetch_add(1, core::sync::atomic::Ordering::Relaxed),
-        };
+        let owner = HandleOwner::fresh(compute_core::Device::to_id(&device));
         Ok(Self {
             device,
             owner,
@@ -125,7 +120,7 @@ impl CudaServer {
             issuing: None,
             issue_errors: IssueError::default(),
             issue_error: None,
-            kernels: HashMap::new(),
+            kernels: KernelCache::default(),
             launch_slots: Vec::new(),
             graphs: Graphs::default(),
             profiles: HashMap::new(),

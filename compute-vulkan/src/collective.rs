@@ -20,7 +20,6 @@ use compute_core::{
 
 use crate::batch::{CommandPool, Staging, barrier};
 use crate::context::Context;
-use crate::device::device_count;
 use crate::server::VulkanServer;
 use crate::storage::VulkanResource;
 
@@ -138,12 +137,6 @@ fn pool_handle(pool: &CommandPool) -> vk::CommandPool {
     pool.raw()
 }
 
-impl VulkanServer {
-    fn check_group(&self, devices: &[DeviceId]) -> Result<Vec<DeviceId>, ServerError> {
-        compute_core::collective::check_group(devices, self.owner.device, device_count(), "vulkan")
-    }
-}
-
 impl ServerCollective for VulkanServer {
     /// [`ServerCollective::ensure_init_collective`](compute_core::ServerCollective::ensure_init_collective).
     fn ensure_init_collective(
@@ -151,9 +144,7 @@ impl ServerCollective for VulkanServer {
         devices: &[DeviceId],
         _stream: StreamId,
     ) -> Result<(), ServerError> {
-        let group = self.check_group(devices)?;
-        self.collectives.init(group);
-        Ok(())
+        self.collectives.init(devices)
     }
 
     /// [`ServerCollective::all_reduce`](compute_core::ServerCollective::all_reduce).
@@ -167,9 +158,9 @@ impl ServerCollective for VulkanServer {
         stream: StreamId,
     ) -> Result<(), ServerError> {
         self.ensure_not_capturing(stream, "all_reduce")?;
-        let group = self.check_group(&devices)?;
-        self.collectives
-            .check_all_reduce(&group, src.size(), dst.size(), dtype)?;
+        let group = self
+            .collectives
+            .check_all_reduce(&devices, src.size(), dst.size(), dtype)?;
         let source = self.resolve(&src)?;
         let target = self.resolve(&dst)?;
         let staging = if source.size == 0 {

@@ -37,7 +37,7 @@ impl VulkanServer {
         mode: ExecutionMode,
         stream: StreamId,
     ) -> Result<(), ServerError> {
-        let def = &*kernel.definition;
+        let def = kernel.definition();
         // Owners are checked by `resolve`, binding by binding. The kernel's own limits (cube
         // dimensions, shared and private memory) are checked once, with the rest of the IR, when
         // its pipeline is made.

@@ -5,10 +5,8 @@ use std::sync::Arc;
 
 use ash::vk;
 use compute_core::future::DynFut;
-use compute_core::profile::{ProfileToken, device_profile, host_profile};
-use compute_core::{
-    ComputeServer, ProfileDuration, ProfileError, ServerError, ServerProfile, StreamId,
-};
+use compute_core::profile::{ProfileToken, device_profile, end_profile};
+use compute_core::{ProfileDuration, ProfileError, ServerError, ServerProfile, StreamId};
 
 use crate::batch::stage;
 use crate::context::Context;
@@ -71,13 +69,22 @@ impl ServerProfile for VulkanServer {
         token: ProfileToken,
         stream: StreamId,
     ) -> DynFut<Result<ProfileDuration, ProfileError>> {
-        let (start, queries) = match self.profiles.end(token) {
-            Ok(p) => p,
-            Err(e) => return ready(Err(e)),
-        };
-        let Some(queries) = queries else {
-            return host_profile(start, self.sync(stream));
-        };
+        end_profile(
+            self,
+            |s| &mut s.profiles,
+            token,
+            stream,
+            Self::finish_timestamps,
+        )
+    }
+}
+
+impl VulkanServer {
+    /// The device-timed end of a profile: the closing timestamp, then the two read back.
+    fn finish_timestamps(
+        &mut self,
+        queries: QueryPool,
+    ) -> DynFut<Result<ProfileDuration, ProfileError>> {
         let recorded = (|| {
             self.timestamp(queries.pool, 1)?;
             self.submit_or_last()

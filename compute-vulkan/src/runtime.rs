@@ -1,6 +1,6 @@
 //! The Vulkan [`Runtime`].
 
-use compute_core::{DeviceId, Runtime, ServerError};
+use compute_core::{Runtime, ServerError};
 
 use crate::device::{self, VULKAN_DEVICE_TYPE, VulkanDevice, device_count};
 use crate::server::VulkanServer;
@@ -12,6 +12,7 @@ pub struct VulkanRuntime;
 impl Runtime for VulkanRuntime {
     type Server = VulkanServer;
     type Device = VulkanDevice;
+    const DEVICE_TYPE: u16 = VULKAN_DEVICE_TYPE;
 
     fn name() -> &'static str {
         "vulkan"
@@ -27,16 +28,7 @@ impl Runtime for VulkanRuntime {
         VulkanServer::new(*device, instance, physical)
     }
 
-    fn enumerate_devices(type_id: u16) -> Vec<DeviceId> {
-        if type_id != VULKAN_DEVICE_TYPE {
-            return Vec::new();
-        }
-        (0..device_count())
-            .map(|i| DeviceId::new(VULKAN_DEVICE_TYPE, i))
-            .collect()
-    }
-
-    fn enumerate_all_devices() -> Vec<DeviceId> {
-        Self::enumerate_devices(VULKAN_DEVICE_TYPE)
+    fn device_count() -> u32 {
+        device_count()
     }
 }

@@ -20,17 +20,16 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 
 use ash::vk;
-use compute_core::backend::{CreateRules, Graphs, ServerKit, StreamEntry, Streams};
+use compute_core::backend::{CreateRules, Graphs, KernelCache, ServerKit, StreamEntry, Streams};
+use compute_core::collective::GroupScope;
 use compute_core::future::DynFut;
 use compute_core::handle::HandleOwner;
-use compute_core::kernel::KernelId;
 use compute_core::memory::{MemoryDeviceProperties, SliceId};
 use compute_core::profile::ProfileTable;
 use compute_core::{
     Binding, ComputeServer, CubeCount, DeviceProperties, ElemType, ExecutionMode, Features,
     HardwareProperties, KernelArguments, ServerError, StreamId, TimingMethod,
 };
-use hashbrown::HashMap;
 
 use crate::batch::Recorder;
 use crate::collective::Collectives;
@@ -126,9 +125,8 @@ pub struct VulkanServer {
     pub(crate) streams: Streams<VulkanStorage, (), Capture>,
     pub(crate) retired: Retired,
     pub(crate) recorder: Recorder,
-    pub(crate) pipelines: HashMap<(KernelId, bool), Arc<Pipeline>>,
-    /// The pipeline of the latest launch (repeated launches skip the map lookup).
-    pub(crate) last_pipeline: Option<(KernelId, bool, Arc<Pipeline>)>,
+    /// The pipelines made, per kernel and bounds-check mode.
+    pub(crate) pipelines: KernelCache<Pipeline>,
     pub(crate) cache: PipelineCache,
     pub(crate) max_batch: usize,
     pub(crate) batch_limit: usize,
@@ -281,18 +279,10 @@ impl VulkanServer {
                 device_timestamps: timestamps,
                 collectives: true,
             },
-            timing: if timestamps {
-                TimingMethod::Device
-            } else {
-                TimingMethod::Host
-            },
+            timing: TimingMethod::with_timestamps(timestamps),
             pitch_alignment: None,
         };
-        static NEXT_SERVER: core::sync::atomic::AtomicU64 = core::sync::atomic::AtomicU64::new(1);
-        let owner = HandleOwner {
-            device: compute_core::Device::to_id(&device),
-            server: NEXT_SERVER.fetch_add(1, core::sync::atomic::Ordering::Relaxed),
-        };
+        let owner = HandleOwner::fresh(compute_core::Device::to_id(&device));
         let errors = ErrorQueue::default();
         let recorder = Recorder::new(&ctx, family, errors.clone())?;
         let cache = PipelineCache::open(&ctx)?;
@@ -308,8 +298,7 @@ impl VulkanServer {
             family,
             retired: Retired::default(),
             recorder,
-            pipelines: HashMap::new(),
-            last_pipeline: None,
+            pipelines: KernelCache::default(),
             cache,
             max_batch,
             batch_limit: max_batch,
@@ -317,7 +306,11 @@ impl VulkanServer {
             graphs: Graphs::default(),
             profiles: ProfileTable::default(),
             errors,
-            collectives: Collectives::default(),
+            collectives: Collectives::new(GroupScope {
+                me: owner.device,
+                count: crate::device::device_count,
+                backend: "vulkan",
+            }),
             words: Vec::new(),
             info_words: Vec::new(),
             descriptors: Vec::new(),
@@ -560,7 +553,6 @@ impl Drop for VulkanServer {
             // SAFETY: the device is idle.
             unsafe { self.ctx.free_buffer(block.buffer, block.memory) };
         }
-        self.last_pipeline = None;
         self.pipelines.clear();
     }
 }

@@ -17,7 +17,6 @@ use compute_core::{
     Binding, DeviceId, ElemType, ReduceOperation, ServerCollective, ServerError, StreamId,
 };
 
-use crate::device::device_count;
 use crate::server::WgpuServer;
 use crate::storage::WgpuResource;
 use crate::transfer::{Staging, map_read};
@@ -129,13 +128,6 @@ fn run_round(round: Round, queue: &wgpu::Queue) -> Result<(), ServerError> {
     Ok(())
 }
 
-impl WgpuServer {
-    /// The collective group `devices`, checked against this device and the device count.
-    pub(crate) fn check_group(&self, devices: &[DeviceId]) -> Result<Vec<DeviceId>, ServerError> {
-        compute_core::collective::check_group(devices, self.owner.device, device_count(), "wgpu")
-    }
-}
-
 impl ServerCollective for WgpuServer {
     /// `ensure_init_collective`: the group registered with the host rendezvous and this server.
     fn ensure_init_collective(
@@ -143,9 +135,7 @@ impl ServerCollective for WgpuServer {
         devices: &[DeviceId],
         _stream: StreamId,
     ) -> Result<(), ServerError> {
-        let group = self.check_group(devices)?;
-        self.collectives.init(group);
-        Ok(())
+        self.collectives.init(devices)
     }
 
     /// `all_reduce`: stage this device's contribution (and the output's partly covered words)
@@ -159,9 +149,9 @@ impl ServerCollective for WgpuServer {
         op: ReduceOperation,
         _stream: StreamId,
     ) -> Result<(), ServerError> {
-        let group = self.check_group(&devices)?;
-        self.collectives
-            .check_all_reduce(&group, src.size(), dst.size(), dtype)?;
+        let group = self
+            .collectives
+            .check_all_reduce(&devices, src.size(), dst.size(), dtype)?;
         let source = self.resolve(&src)?;
         let target = self.resolve(&dst)?;
         let (staging, delta) = if source.size == 0 {

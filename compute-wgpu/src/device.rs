@@ -198,11 +198,7 @@ pub(crate) fn properties(
             device_timestamps: timestamps,
             collectives: true,
         },
-        timing: if timestamps {
-            TimingMethod::Device
-        } else {
-            TimingMethod::Host
-        },
+        timing: TimingMethod::with_timestamps(timestamps),
         pitch_alignment: None,
     }
 }

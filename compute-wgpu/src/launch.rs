@@ -64,7 +64,7 @@ impl WgpuServer {
         mode: ExecutionMode,
         stream: StreamId,
     ) -> Result<(), ServerError> {
-        let def = &*kernel.definition;
+        let def = kernel.definition();
         // The kernel's own limits (cube dimensions, shared and private memory) are checked once,
         // with the rest of the IR, when its pipeline is made.
         def.check_arguments(&arguments)?;
@@ -164,17 +164,10 @@ impl WgpuServer {
         kernel: &WgpuKernel,
         checked: bool,
     ) -> Result<Arc<Pipeline>, ServerError> {
-        if let Some((id, c, found)) = &self.last_pipeline
-            && *id == kernel.id
-            && *c == checked
-        {
-            return Ok(found.clone());
+        if let Some(found) = self.pipelines.get(kernel.id(), checked) {
+            return Ok(found);
         }
-        if let Some(found) = self.pipelines.get(&(kernel.id, checked)) {
-            self.last_pipeline = Some((kernel.id, checked, found.clone()));
-            return Ok(found.clone());
-        }
-        let def = &kernel.definition;
+        let def = kernel.definition();
         def.validate(&self.properties.hardware)?;
         let compiled = compiler::compile(def, self.caps, checked)?;
         let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
@@ -241,7 +234,7 @@ impl WgpuServer {
             item_sizes: compiled.buffer_item_sizes,
         });
         self.pipelines
-            .insert((kernel.id, checked), pipeline.clone());
+            .insert(kernel.id(), checked, pipeline.clone());
         Ok(pipeline)
     }
 

@@ -3,10 +3,8 @@
 //! has no timestamp queries.
 
 use compute_core::future::DynFut;
-use compute_core::profile::{ProfileToken, device_profile, host_profile};
-use compute_core::{
-    ComputeServer, ProfileDuration, ProfileError, ServerError, ServerProfile, StreamId,
-};
+use compute_core::profile::{ProfileToken, device_profile, end_profile};
+use compute_core::{ProfileDuration, ProfileError, ServerError, ServerProfile, StreamId};
 
 use crate::batch::Command;
 use crate::poller::gone;
@@ -42,13 +40,22 @@ impl ServerProfile for WgpuServer {
         token: ProfileToken,
         stream: StreamId,
     ) -> DynFut<Result<ProfileDuration, ProfileError>> {
-        let (start, queries) = match self.profiles.end(token) {
-            Ok(p) => p,
-            Err(e) => return ready(Err(e)),
-        };
-        let Some(set) = queries else {
-            return host_profile(start, self.sync(stream));
-        };
+        end_profile(
+            self,
+            |s| &mut s.profiles,
+            token,
+            stream,
+            Self::finish_timestamps,
+        )
+    }
+}
+
+impl WgpuServer {
+    /// The device-timed end of a profile: the closing timestamp, then the two read back.
+    fn finish_timestamps(
+        &mut self,
+        set: wgpu::QuerySet,
+    ) -> DynFut<Result<ProfileDuration, ProfileError>> {
         let recorded = (|| {
             self.push(Command::Timestamp {
                 set: set.clone(),

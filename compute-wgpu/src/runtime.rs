@@ -1,6 +1,6 @@
 //! The wgpu [`Runtime`].
 
-use compute_core::{DeviceId, Runtime, ServerError};
+use compute_core::{Runtime, ServerError};
 
 use crate::device::{self, WGPU_DEVICE_TYPE, WgpuDevice, device_count};
 use crate::server::WgpuServer;
@@ -13,6 +13,7 @@ pub struct WgpuRuntime;
 impl Runtime for WgpuRuntime {
     type Server = WgpuServer;
     type Device = WgpuDevice;
+    const DEVICE_TYPE: u16 = WGPU_DEVICE_TYPE;
 
     fn name() -> &'static str {
         "wgpu"
@@ -27,16 +28,7 @@ impl Runtime for WgpuRuntime {
         WgpuServer::new(*device, &adapter)
     }
 
-    fn enumerate_devices(type_id: u16) -> Vec<DeviceId> {
-        if type_id != WGPU_DEVICE_TYPE {
-            return Vec::new();
-        }
-        (0..device_count())
-            .map(|i| DeviceId::new(WGPU_DEVICE_TYPE, i))
-            .collect()
-    }
-
-    fn enumerate_all_devices() -> Vec<DeviceId> {
-        Self::enumerate_devices(WGPU_DEVICE_TYPE)
+    fn device_count() -> u32 {
+        device_count()
     }
 }

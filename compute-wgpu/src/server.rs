@@ -19,16 +19,15 @@
 use std::collections::VecDeque;
 use std::sync::Arc;
 
-use compute_core::backend::{CreateRules, Graphs, ServerKit, StreamEntry, Streams};
+use compute_core::backend::{CreateRules, Graphs, KernelCache, ServerKit, StreamEntry, Streams};
+use compute_core::collective::GroupScope;
 use compute_core::future::DynFut;
 use compute_core::handle::HandleOwner;
-use compute_core::kernel::KernelId;
 use compute_core::profile::ProfileTable;
 use compute_core::{
     Binding, ComputeServer, CubeCount, DeviceProperties, ExecutionMode, KernelArguments,
     ServerError, StreamId,
 };
-use hashbrown::HashMap;
 
 use crate::batch::{Batch, Dispatch, Encoder, FreedBuffers, GUARD_STATUS_BYTES, Pipeline};
 use crate::collective::Collectives;
@@ -73,12 +72,11 @@ pub struct WgpuServer {
     pub(crate) timestamps: bool,
     pub(crate) alignment: u64,
     pub(crate) streams: Streams<WgpuStorage, (), Vec<Arc<Dispatch>>>,
-    pub(crate) pipelines: HashMap<(KernelId, bool), Arc<Pipeline>>,
+    /// The pipelines made, per kernel and bounds-check mode.
+    pub(crate) pipelines: KernelCache<Pipeline>,
     pub(crate) batch: Batch,
     pub(crate) batch_limit: BatchLimit,
     pub(crate) resolved: ResolveCache,
-    /// The pipeline of the last launch, found without hashing when the next one is the same.
-    pub(crate) last_pipeline: Option<(KernelId, bool, Arc<Pipeline>)>,
     pub(crate) freed: FreedBuffers,
     pub(crate) next_pipeline: u64,
     pub(crate) graphs: Graphs<WgpuGraph>,
@@ -132,11 +130,7 @@ impl WgpuServer {
         );
         let alignment = u64::from(limits.min_storage_buffer_offset_alignment).max(32);
         let properties = properties(index, &adapter_info, &limits, caps, timestamps, alignment);
-        static NEXT_SERVER: core::sync::atomic::AtomicU64 = core::sync::atomic::AtomicU64::new(1);
-        let owner = HandleOwner {
-            device: compute_core::Device::to_id(&index),
-            server: NEXT_SERVER.fetch_add(1, core::sync::atomic::Ordering::Relaxed),
-        };
+        let owner = HandleOwner::fresh(compute_core::Device::to_id(&index));
         let freed = FreedBuffers::default();
         let guard_status = device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("compute-wgpu indirect guard status"),
@@ -181,11 +175,10 @@ impl WgpuServer {
             caps,
             timestamps,
             alignment,
-            pipelines: HashMap::new(),
+            pipelines: KernelCache::default(),
             batch: Batch::default(),
             batch_limit,
             resolved: ResolveCache::default(),
-            last_pipeline: None,
             freed,
             next_pipeline: 1,
             graphs: Graphs::default(),
@@ -193,7 +186,11 @@ impl WgpuServer {
             errors,
             guard_status,
             guard_unread: false,
-            collectives: Collectives::default(),
+            collectives: Collectives::new(GroupScope {
+                me: owner.device,
+                count: crate::device::device_count,
+                backend: "wgpu",
+            }),
             staging_bytes: StagingBytes::default(),
             submitter,
             poller,

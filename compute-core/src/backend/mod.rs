@@ -7,6 +7,8 @@
 //! - [`Graphs`]: the registry of captured graphs, with the replay rule (a graph replays on the
 //!   stream it was captured on).
 //!
+//! - [`KernelCache`]: a server's compiled kernels per kernel id and bounds-check mode, the last
+//!   one found answering without hashing.
 //! - [`ServerKit`]: how a server hands its `Streams` and `Graphs` to the default methods of the
 //!   role traits in [`server`](crate::server), so the kit's rule is written there once rather
 //!   than in each backend's trait impl.
@@ -18,9 +20,11 @@
 //! [`error`](crate::error).
 
 mod graphs;
+mod kernels;
 mod kit;
 mod streams;
 
 pub use graphs::Graphs;
+pub use kernels::KernelCache;
 pub use kit::{KitStreamEntry, KitStreams, ServerKit};
 pub use streams::{CreateRules, StreamEntry, Streams};

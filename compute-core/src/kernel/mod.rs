@@ -38,6 +38,7 @@
 //! ```
 
 mod args;
+mod backend_kernel;
 mod builder;
 mod definition;
 mod error;
@@ -50,6 +51,7 @@ mod types;
 mod validate;
 
 pub use args::{BufferArg, KernelElem, KernelFloat, KernelInt};
+pub use backend_kernel::BackendKernel;
 pub use builder::{Buffer, IntoValue, KernelBuilder, LocalArray, Memory, SharedArray, Value, Var};
 pub use compute_macros::kernel;
 pub use definition::KernelDefinition;

@@ -330,17 +330,10 @@ impl VulkanServer {
         kernel: &VulkanKernel,
         checked: bool,
     ) -> Result<Arc<Pipeline>, ServerError> {
-        if let Some((id, was_checked, found)) = &self.last_pipeline
-            && *id == kernel.id
-            && *was_checked == checked
-        {
-            return Ok(found.clone());
+        if let Some(found) = self.pipelines.get(kernel.id(), checked) {
+            return Ok(found);
         }
-        if let Some(found) = self.pipelines.get(&(kernel.id, checked)) {
-            self.last_pipeline = Some((kernel.id, checked, found.clone()));
-            return Ok(found.clone());
-        }
-        let def = &kernel.definition;
+        let def = kernel.definition();
         def.validate(&self.properties.hardware)?;
         let compiled = super::compile(def, &self.ctx.caps, checked)?;
         // Launch info changes every launch: pushed. Everything else binds cached sets.
@@ -368,8 +361,7 @@ impl VulkanServer {
         )?);
         self.cache.created();
         self.pipelines
-            .insert((kernel.id, checked), pipeline.clone());
-        self.last_pipeline = Some((kernel.id, checked, pipeline.clone()));
+            .insert(kernel.id(), checked, pipeline.clone());
         Ok(pipeline)
     }
 }

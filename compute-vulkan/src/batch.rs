@@ -689,11 +689,6 @@ impl Recorder {
         self.pending |= stage::writers(next);
     }
 
-    /// Drop `value` on the recycler thread (large host buffers: their release takes a while).
-    pub(crate) fn release_soon(&self, value: impl Any + Send) {
-        self.recycler.send(vec![Box::new(value)]);
-    }
-
     /// Keep `value` alive until the open batch has completed.
     pub(crate) fn keep(&mut self, value: impl Any + Send) {
         self.keep.push(Box::new(value));

@@ -14,9 +14,6 @@ use crate::guard::guard_error;
 use crate::server::{VulkanServer, ready};
 use crate::storage::VulkanResource;
 
-/// Written host buffers at least this large are freed on the recycler thread.
-const RELEASE_OFF_THREAD_BYTES: usize = 4 << 20;
-
 /// Staging buffers a read copies into, waited for before they return to the pool.
 struct PendingRead {
     ctx: Arc<Context>,
@@ -131,12 +128,14 @@ impl ServerTransfer for VulkanServer {
         // Completed work hands its staging buffers back before this write asks for one.
         self.recorder.recycle();
         for (descriptor, bytes) in writes {
-            self.write_staged(&descriptor, bytes.try_as_slice()?)?;
-            if bytes.len() >= RELEASE_OFF_THREAD_BYTES {
-                // The data is in staging now; freeing a large host buffer (unmapping its pages)
-                // is not the caller's wait.
-                self.recorder.release_soon(bytes);
-            }
+            let data = bytes.try_as_slice()?;
+            let copy = (data.len() >= compute_core::bytes::RELEASE_MIN_BYTES)
+                .then(compute_core::bytes::host_copy);
+            self.write_staged(&descriptor, data)?;
+            drop(copy);
+            // The data is in staging now; freeing a large host buffer (unmapping its pages) is
+            // not the caller's wait.
+            compute_core::bytes::release(bytes);
         }
         Ok(())
     }

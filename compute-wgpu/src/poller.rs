@@ -4,8 +4,8 @@
 use std::sync::mpsc;
 use std::thread::JoinHandle;
 
+use compute_core::ServerError;
 use compute_core::future::Sender;
-use compute_core::{Bytes, ServerError};
 
 use crate::server::ErrorQueue;
 
@@ -15,9 +15,6 @@ enum Job {
         wgpu::SubmissionIndex,
         Option<Sender<Result<(), ServerError>>>,
     ),
-    /// Host bytes a write has copied out of: freed here, off the threads that issue and submit
-    /// work (returning a large allocation to the system costs about as much as copying it).
-    Release(Bytes),
 }
 
 /// A thread that blocks in `device.poll` for the submissions it is given.
@@ -34,12 +31,6 @@ impl Waiter {
     /// Poll until `index` has completed (its failures go to the poll thread's error queue).
     pub(crate) fn wait(&self, index: wgpu::SubmissionIndex) {
         let _ = self.0.send(Job::Wait(index, None));
-    }
-
-    /// Free `bytes` on the poll thread (after the waits queued before).
-    pub(crate) fn release(&self, bytes: Bytes) {
-        // A stopped thread hands the bytes back in the error: they are dropped here then.
-        let _ = self.0.send(Job::Release(bytes));
     }
 }
 
@@ -85,13 +76,7 @@ impl Poller {
 
 fn run(device: wgpu::Device, receiver: mpsc::Receiver<Job>, errors: ErrorQueue) {
     while let Ok(job) = receiver.recv() {
-        let (index, done) = match job {
-            Job::Wait(index, done) => (index, done),
-            Job::Release(bytes) => {
-                drop(bytes);
-                continue;
-            }
-        };
+        let Job::Wait(index, done) = job;
         let outcome = device
             .poll(wgpu::PollType::Wait {
                 submission_index: Some(index),

@@ -31,9 +31,6 @@ use crate::transfer::map_read;
 /// the recorded work (and host bytes of writes) in flight.
 const MAX_QUEUED_JOBS: usize = 16;
 
-/// Host buffers of at least this many bytes handed to a write are freed on the poll thread.
-const RELEASE_OFF_THREAD_BYTES: usize = 1 << 20;
-
 /// Emptied batches kept for reuse (their arenas keep their capacity).
 const MAX_SPARE_BATCHES: usize = 4;
 
@@ -265,19 +262,18 @@ impl Worker {
                 bytes,
             } => {
                 let data = bytes.try_as_slice()?;
+                let copy = (data.len() >= compute_core::bytes::RELEASE_MIN_BYTES)
+                    .then(compute_core::bytes::host_copy);
                 for part in parts {
                     part.apply(&self.queue, &buffer, &data[part.from..part.from + part.len]);
                 }
                 for (at, word) in words {
                     self.queue.write_buffer(&buffer, at, &word);
                 }
-                // `write_buffer` has copied the bytes out: a large buffer is freed on the poll
+                drop(copy);
+                // `write_buffer` has copied the bytes out: a large buffer is freed on the release
                 // thread, not before the jobs queued behind this one.
-                if let Some(waiter) = &self.waiter
-                    && bytes.len() >= RELEASE_OFF_THREAD_BYTES
-                {
-                    waiter.release(bytes);
-                }
+                compute_core::bytes::release(bytes);
                 Ok(())
             }
             Job::Prune => {

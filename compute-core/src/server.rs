@@ -235,7 +235,14 @@ pub trait ServerGraph: ServerKit {
     }
 
     /// Start recording launches on `stream` instead of running them.
-    fn begin_capture(&mut self, stream: StreamId) -> Result<(), ServerError>;
+    ///
+    /// The default is the kit's: refused while a capture runs on `stream`, else an empty capture
+    /// (the default [`KitCapture`](ServerKit::KitCapture)) starts; allocations are persistent
+    /// while it runs.
+    fn begin_capture(&mut self, stream: StreamId) -> Result<(), ServerError> {
+        self.stream(stream)?
+            .begin_capture(stream, Default::default())
+    }
 
     /// Stop recording and keep the graph.
     fn end_capture(&mut self, stream: StreamId) -> Result<GraphId, ServerError>;

@@ -14,10 +14,6 @@ use crate::server::CpuServer;
 pub(crate) type CpuGraph = Vec<Arc<RecordedLaunch>>;
 
 impl ServerGraph for CpuServer {
-    fn begin_capture(&mut self, stream: StreamId) -> Result<(), ServerError> {
-        self.stream(stream)?.begin_capture(stream, Vec::new())
-    }
-
     fn end_capture(&mut self, stream: StreamId) -> Result<GraphId, ServerError> {
         let launches = self.stream(stream)?.end_capture(stream)?;
         Ok(self.graphs.insert(stream, launches))

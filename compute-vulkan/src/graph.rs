@@ -16,6 +16,7 @@ use crate::server::VulkanServer;
 /// to the open batch (recorded into the batch's own command buffer on the submit thread, as plain
 /// launches are: no simultaneous-use command buffer, which drivers may copy or patch at every
 /// submission), and the buffer ranges used since the capture's last barrier.
+#[derive(Default)]
 pub struct Capture {
     pub(crate) ops: Ops,
     pub(crate) linear: Linear,
@@ -59,13 +60,8 @@ pub struct VulkanGraph {
 impl ServerGraph for VulkanServer {
     /// [`ServerGraph::begin_capture`](compute_core::ServerGraph::begin_capture).
     fn begin_capture(&mut self, stream: StreamId) -> Result<(), ServerError> {
-        let capture = Capture {
-            ops: Ops::default(),
-            linear: Linear::default(),
-            since_barrier: Vec::new(),
-            keep: Vec::new(),
-        };
-        self.stream(stream)?.begin_capture(stream, capture)?;
+        self.stream(stream)?
+            .begin_capture(stream, Capture::default())?;
         self.captures += 1;
         Ok(())
     }

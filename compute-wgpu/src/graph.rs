@@ -15,10 +15,6 @@ use crate::server::WgpuServer;
 pub(crate) type WgpuGraph = Vec<Arc<Dispatch>>;
 
 impl ServerGraph for WgpuServer {
-    fn begin_capture(&mut self, stream: StreamId) -> Result<(), ServerError> {
-        self.stream(stream)?.begin_capture(stream, Vec::new())
-    }
-
     fn end_capture(&mut self, stream: StreamId) -> Result<GraphId, ServerError> {
         let launches = self.stream(stream)?.end_capture(stream)?;
         Ok(self.graphs.insert(stream, launches))

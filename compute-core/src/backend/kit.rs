@@ -33,8 +33,8 @@ pub trait ServerKit {
     type KitStorage: ComputeStorage;
     /// What the backend keeps per stream (a driver stream, a worker thread, or nothing).
     type KitQueue;
-    /// What a running capture records.
-    type KitCapture;
+    /// What a running capture records; a capture starts from the default (empty).
+    type KitCapture: Default;
     /// A captured graph, as the registry keeps it.
     type KitGraph;
 

@@ -9,6 +9,15 @@ use compute_core::{
 use compute_cpu::{CpuDevice, CpuRuntime};
 use compute_cuda::{CudaDevice, CudaRuntime};
 
+/// The tests of this file one at a time: an injected release failure
+/// ([`compute_cuda::inject_release_failures`]) fails the next free of the process, and the
+/// release-error queue answers the next report of any server, so a test beside another could
+/// take (or cause) the other's error.
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 fn cuda() -> Option<ComputeClient<CudaRuntime>> {
     match CudaRuntime::availability() {
         Ok(()) => Some(ComputeClient::load(&CudaDevice::default())),
@@ -21,6 +30,7 @@ fn cuda() -> Option<ComputeClient<CudaRuntime>> {
 
 #[test]
 fn one_rank_all_reduce() {
+    let _serial = serial();
     let Some(mut client) = cuda() else { return };
     let me = vec![CudaDevice::default().to_id()];
     client.ensure_init_collective(me.clone());
@@ -161,6 +171,7 @@ where
 
 #[test]
 fn integer_semantics_match_the_cpu() {
+    let _serial = serial();
     if cuda().is_none() {
         return;
     }
@@ -184,6 +195,7 @@ fn integer_semantics_match_the_cpu() {
 
 #[test]
 fn float_semantics_match_the_cpu() {
+    let _serial = serial();
     if cuda().is_none() {
         return;
     }
@@ -216,6 +228,7 @@ fn float_semantics_match_the_cpu() {
 /// free, so the failure is injected after the real `cuMemFree`.
 #[test]
 fn a_failed_free_reaches_the_next_report() {
+    let _serial = serial();
     let Some(mut client) = cuda() else { return };
     // SAFETY: a fresh stream, used by this test's thread only.
     unsafe { client.set_stream(compute_core::StreamId::fresh()) };
@@ -245,6 +258,7 @@ fn a_failed_free_reaches_the_next_report() {
 /// query on an ordinary heap buffer.
 #[test]
 fn staging_returns_pinned_memory() {
+    let _serial = serial();
     use cudarc::driver::{result, sys};
     let Some(client) = cuda() else { return };
     let host_flags = |ptr: *const u8| -> Result<u32, sys::CUresult> {
@@ -299,6 +313,7 @@ fn staging_returns_pinned_memory() {
 /// compiled every kernel. Each side is a fresh process of this test binary.
 #[test]
 fn a_second_process_compiles_nothing() {
+    let _serial = serial();
     const NAME: &str = "a_second_process_compiles_nothing";
     let Some(client) = cuda() else { return };
     if compute_core::env::is_child_test(NAME) {
@@ -353,6 +368,7 @@ fn a_second_process_compiles_nothing() {
 /// is in use, and a loop of large writes and reads reaches a plateau.
 #[test]
 fn host_memory_usage_counts_the_servers_pinned_memory() {
+    let _serial = serial();
     if cuda().is_none() {
         return;
     }

@@ -467,6 +467,30 @@ pub(crate) struct Call {
     keep: [Binding; 2],
 }
 
+impl Call {
+    /// Enqueue this call's `ncclAllReduce` on its stream.
+    fn enqueue(&self) -> Result<(), ServerError> {
+        let dt = data_type(self.dtype)?;
+        // SAFETY: `src` and `dst` are device ranges of `count` elements, kept alive by the
+        // call's bindings (then by `issued` until their stream holds them); `comm` lives in the
+        // process registry; the stream is alive while its server has a call in a round (a
+        // server waits for its rounds before it drops).
+        unsafe {
+            nccl::all_reduce(
+                self.src as *const _,
+                self.dst as *mut _,
+                self.count,
+                dt,
+                reduce_op(self.op),
+                self.comm.0,
+                self.stream.0.cast(),
+            )
+        }
+        .map(|_| ())
+        .map_err(|e| nccl_error("ncclAllReduce", e))
+    }
+}
+
 /// The process's meeting point of `all_reduce` calls.
 fn gathered() -> &'static Gathered<Call> {
     static GATHERED: OnceLock<Gathered<Call>> = OnceLock::new();
@@ -531,30 +555,8 @@ fn issue_round(
     if let Some(e) = disagreement(round, &calls) {
         return Err(e.into());
     }
-    let dt = data_type(calls[0].1.dtype)?;
     nccl::group_start().map_err(|e| nccl_error("ncclGroupStart", e))?;
-    let mut enqueued = Ok(());
-    for (_, c) in &calls {
-        // SAFETY: `src` and `dst` are device ranges of `count` elements, kept alive by the
-        // call's bindings (then by `issued` until their stream holds them); `comm` lives in the
-        // process registry; the stream is alive while its server has a call in a round (a
-        // server waits for its rounds before it drops).
-        let one = unsafe {
-            nccl::all_reduce(
-                c.src as *const _,
-                c.dst as *mut _,
-                c.count,
-                dt,
-                reduce_op(c.op),
-                c.comm.0,
-                c.stream.0.cast(),
-            )
-        };
-        if let Err(e) = one {
-            enqueued = Err(nccl_error("ncclAllReduce", e));
-            break;
-        }
-    }
+    let enqueued = calls.iter().try_for_each(|(_, c)| c.enqueue());
     let ended = nccl::group_end().map_err(|e| nccl_error("ncclGroupEnd", e));
     let mut held = issued();
     for (_, c) in calls {
@@ -565,40 +567,20 @@ fn issue_round(
     enqueued.and(ended.map(|_| ()))
 }
 
-/// Enqueue `ncclAllReduce` of `count` elements on `stream`, for `me` of `group` (after the
-/// header check in the checked mode).
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn all_reduce(
-    group: &[DeviceId],
-    me: DeviceId,
-    src: u64,
-    dst: u64,
-    count: usize,
-    dtype: ElemType,
-    op: ReduceOperation,
-    stream: Raw<cudarc::driver::sys::CUstream>,
-) -> Result<(), ServerError> {
-    let dt = data_type(dtype)?;
-    let comm = communicator(group, me)?;
-    if compute_core::collective::checked() {
-        let position = group.iter().position(|d| *d == me).unwrap_or(0);
-        check_header(group, position, comm, dtype, op, count, stream)?;
-    }
-    // SAFETY: `src` and `dst` are device ranges of `count` elements kept alive by the caller's
-    // bindings; `comm` lives in the process registry; the stream is alive.
-    unsafe {
-        nccl::all_reduce(
-            src as *const _,
-            dst as *mut _,
-            count,
-            dt,
-            reduce_op(op),
-            comm.0,
-            stream.0.cast(),
-        )
-    }
-    .map_err(|e| nccl_error("ncclAllReduce", e))?;
-    Ok(())
+/// The checked mode's all-reduce: the header exchange with the other ranks (waited for on the
+/// host: one thread per rank, by the mode's contract), then the call at once.
+fn checked_all_reduce(group: &[DeviceId], me: DeviceId, call: &Call) -> Result<(), ServerError> {
+    let position = group.iter().position(|d| *d == me).unwrap_or(0);
+    check_header(
+        group,
+        position,
+        call.comm,
+        call.dtype,
+        call.op,
+        call.count,
+        call.stream,
+    )?;
+    call.enqueue()
 }
 
 /// The server's collective calls: one communication stream per group, ordered after the work of
@@ -717,13 +699,7 @@ impl ServerCollective for CudaServer {
         let raw = self.stream(comm_stream)?.queue.raw;
         let count = (src.size() / dtype.size() as u64) as usize;
         let me = self.owner.device;
-        if count > 0 && compute_core::collective::checked() {
-            // The checked mode waits for the header exchange on the host: one thread per rank,
-            // by its contract; the reduction follows at once.
-            crate::collective::all_reduce(
-                &group, me, source.ptr, target.ptr, count, dtype, op, raw,
-            )?;
-        } else if count > 0 {
+        if count > 0 {
             let call = Call {
                 comm: crate::collective::communicator(&group, me)?,
                 src: source.ptr,
@@ -735,6 +711,10 @@ impl ServerCollective for CudaServer {
                 owner: self.owner,
                 keep: [src.clone(), dst.clone()],
             };
+            if compute_core::collective::checked() {
+                checked_all_reduce(&group, me, &call)?;
+                return self.mark(comm_stream, &[&src, &dst], None);
+            }
             let issue = |round, calls| {
                 let issued = issue_round(&group, round, calls);
                 // NCCL made the other devices' contexts current to enqueue their kernels.

@@ -21,22 +21,31 @@ pub fn honest_profile_scales_with_work<R: Runtime>(client: ComputeClient<R>) {
     let n = 1 << 12;
     let input = client.create(f32_bytes(&ramp(n, 1.0)));
     let out = client.empty(n * 4);
-    let once = |iterations: u32| -> Duration {
+    // The profiled time, and the host time of the whole call (which waits for the work).
+    let timed = |iterations: u32| -> (Duration, Duration) {
+        let host = std::time::Instant::now();
         let ((), d) = client
             .profile(
                 || kernels::launch_slow_add(&client, &input, &out, n, iterations),
                 "slow_add",
             )
             .unwrap();
-        d.duration
+        (d.duration, host.elapsed())
     };
+    let once = |iterations: u32| timed(iterations).0;
     // Warm the compile caches first, so neither figure includes a compile; then alternate the
     // two sizes (best of five each), so a slow spell of the machine hits both alike.
     once(1);
     // Enough iterations that the shorter run takes at least 1 ms, so that a fast device's fixed
-    // costs (event timing, launch) do not swamp the work.
+    // costs (event timing, launch) do not swamp the work; the growth also stops once the call
+    // itself takes 100 ms of host time, so a profile that misses the work fails the ratio below
+    // instead of growing the work without end.
     let mut base = 2_000u32;
-    while once(base) < Duration::from_millis(1) && base < 1 << 24 {
+    while base < 1 << 24 {
+        let (device, host) = timed(base);
+        if device >= Duration::from_millis(1) || host >= Duration::from_millis(100) {
+            break;
+        }
         base *= 4;
     }
     let (mut short, mut long) = (Duration::MAX, Duration::MAX);

@@ -61,8 +61,11 @@ pub trait ComputeServer:
     /// Backend information.
     fn info(&self) -> Self::Info;
 
-    /// Device properties, read once when the client is created.
-    fn properties(&self) -> DeviceProperties;
+    /// Device properties, read once when the client is created; the default is the properties
+    /// the kit's streams were made with.
+    fn properties(&self) -> DeviceProperties {
+        self.kit_streams().properties().clone()
+    }
 
     /// Who owns the handles this server creates (its device and instance id); the default is
     /// the owner the kit's streams create handles for.

@@ -89,7 +89,9 @@ impl CpuServer {
         if let Some(plan) = self.plans.get(&kernel.id()) {
             return Ok(plan.clone());
         }
-        kernel.definition().validate(&self.properties.hardware)?;
+        kernel
+            .definition()
+            .validate(&self.streams.properties().hardware)?;
         let plan = Arc::new(compiler::compile(kernel.definition())?);
         self.plans.insert(kernel.id(), plan.clone());
         Ok(plan)
@@ -104,7 +106,7 @@ impl CpuServer {
         stream: StreamId,
     ) -> Result<(), ServerError> {
         kernel.definition().check_arguments(&arguments)?;
-        count.check(&self.properties.hardware)?;
+        count.check(&self.streams.properties().hardware)?;
         let cube_size = u64::from(kernel.definition().cube_size());
         let plan = self.plan(&kernel)?;
         let (count, count_binding) = match count {

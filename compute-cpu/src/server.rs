@@ -50,7 +50,6 @@ pub(crate) type StreamState = StreamEntry<CpuStorage, Worker, Vec<Arc<RecordedLa
 pub struct CpuServer {
     pub(crate) device: CpuDevice,
     pub(crate) owner: HandleOwner,
-    pub(crate) properties: DeviceProperties,
     pub(crate) streams: Streams<CpuStorage, Worker, Vec<Arc<RecordedLaunch>>>,
     pub(crate) plans: HashMap<KernelId, Arc<Plan>>,
     pub(crate) graphs: Graphs<CpuGraph>,
@@ -67,8 +66,7 @@ impl CpuServer {
         Self {
             device,
             owner,
-            streams: Streams::new(owner, properties.memory.clone()),
-            properties,
+            streams: Streams::new(owner, properties),
             plans: HashMap::new(),
             graphs: Graphs::default(),
             profiles: ProfileTable::default(),
@@ -196,7 +194,7 @@ impl ServerKit for CpuServer {
     fn create_rules(&self) -> CreateRules {
         CreateRules {
             alignment: CPU_ALIGNMENT,
-            pitch_alignment: self.properties.pitch_alignment,
+            pitch_alignment: self.streams.properties().pitch_alignment,
         }
     }
 }
@@ -213,10 +211,6 @@ impl ComputeServer for CpuServer {
             jit: compiler::jit::enabled(),
             cpu_features: compiler::jit::features().describe(),
         }
-    }
-
-    fn properties(&self) -> DeviceProperties {
-        self.properties.clone()
     }
 
     fn get_resource(

@@ -48,7 +48,9 @@ impl CudaServer {
         if let Some(found) = self.kernels.get(kernel.id(), checked) {
             return Ok(found);
         }
-        kernel.definition().validate(&self.properties.hardware)?;
+        kernel
+            .definition()
+            .validate(&self.streams.properties().hardware)?;
         let compiled = Arc::new(compiler::compile(
             kernel.definition(),
             kernel.id(),
@@ -105,7 +107,7 @@ impl CudaServer {
         // The kernel's own limits (cube dimensions, shared and private memory) are checked once,
         // with the rest of the IR, when it is compiled.
         definition.check_arguments(&arguments)?;
-        count.check(&self.properties.hardware)?;
+        count.check(&self.streams.properties().hardware)?;
         let compiled = self.compiled(&kernel, mode == ExecutionMode::Checked)?;
         let grid = match &count {
             CubeCount::Static(x, y, z) => [*x, *y, *z],
@@ -114,7 +116,7 @@ impl CudaServer {
         if grid.contains(&0) {
             return Ok(());
         }
-        let max = self.properties.hardware.max_cube_count;
+        let max = self.streams.properties().hardware.max_cube_count;
         if grid.iter().zip(max).any(|(&g, m)| g > m) {
             return Err(LaunchError::CubeCountTooLarge {
                 count: grid,

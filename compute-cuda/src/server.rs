@@ -52,7 +52,6 @@ pub struct CudaServer {
     pub(crate) device: CudaDevice,
     pub(crate) context: Arc<Context>,
     pub(crate) owner: HandleOwner,
-    pub(crate) properties: DeviceProperties,
     pub(crate) target: Target,
     pub(crate) streams: Streams<CudaStorage, StreamQueue, Vec<Binding>>,
     pub(crate) events: EventPool,
@@ -110,8 +109,7 @@ impl CudaServer {
             device,
             owner,
             context,
-            streams: Streams::new(owner, properties.memory.clone()),
-            properties,
+            streams: Streams::new(owner, properties),
             target,
             events,
             pinned,
@@ -190,7 +188,7 @@ impl ServerKit for CudaServer {
     fn create_rules(&self) -> CreateRules {
         CreateRules {
             alignment: CUDA_ALIGNMENT,
-            pitch_alignment: self.properties.pitch_alignment,
+            pitch_alignment: self.streams.properties().pitch_alignment,
         }
     }
 }
@@ -206,10 +204,6 @@ impl ComputeServer for CudaServer {
             compute_capability: (self.target.major as u32, self.target.minor as u32),
             driver_version: self.target.driver,
         }
-    }
-
-    fn properties(&self) -> DeviceProperties {
-        self.properties.clone()
     }
 
     fn get_resource(

@@ -280,7 +280,7 @@ impl ServerMemory for CudaServer {
         config: &MemoryPoolsConfig,
         stream: StreamId,
     ) -> Result<bool, PoolConfigError> {
-        config.resolve(&self.properties.memory)?;
+        config.resolve(&self.streams.properties().memory)?;
         self.settle_quietly();
         // Binds the context (the rebuild frees blocks) and creates the stream if needed; the
         // layout is kept for later streams even when that fails.

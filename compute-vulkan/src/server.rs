@@ -116,6 +116,8 @@ pub struct VulkanServer {
     pub(crate) ctx: Arc<Context>,
     pub(crate) info: VulkanInfo,
     pub(crate) owner: HandleOwner,
+    /// The device's properties (those the kit's streams keep too), read by the launch checks,
+    /// the guard and the pipeline compiler.
     pub(crate) properties: DeviceProperties,
     /// `minStorageBufferOffsetAlignment`.
     pub(crate) bind_align: u64,
@@ -290,7 +292,7 @@ impl VulkanServer {
         Ok(Self {
             info,
             owner,
-            streams: Streams::new(owner, properties.memory.clone()),
+            streams: Streams::new(owner, properties.clone()),
             properties,
             bind_align,
             slice_align,
@@ -468,10 +470,6 @@ impl ComputeServer for VulkanServer {
 
     fn info(&self) -> VulkanInfo {
         self.info.clone()
-    }
-
-    fn properties(&self) -> DeviceProperties {
-        self.properties.clone()
     }
 
     fn get_resource(

@@ -68,7 +68,7 @@ impl WgpuServer {
         // The kernel's own limits (cube dimensions, shared and private memory) are checked once,
         // with the rest of the IR, when its pipeline is made.
         def.check_arguments(&arguments)?;
-        count.check(&self.properties.hardware)?;
+        count.check(&self.streams.properties().hardware)?;
         // Only a graph keeps the bindings (its launches outlive the caller's handles). A batch
         // does not need them: a slice freed and reused after this launch is written by work
         // issued later, which the one queue runs after this launch.
@@ -168,7 +168,7 @@ impl WgpuServer {
             return Ok(found);
         }
         let def = kernel.definition();
-        def.validate(&self.properties.hardware)?;
+        def.validate(&self.streams.properties().hardware)?;
         let compiled = compiler::compile(def, self.caps, checked)?;
         let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
         let module = self

@@ -25,8 +25,7 @@ use compute_core::future::DynFut;
 use compute_core::handle::HandleOwner;
 use compute_core::profile::ProfileTable;
 use compute_core::{
-    Binding, ComputeServer, CubeCount, DeviceProperties, ExecutionMode, KernelArguments,
-    ServerError, StreamId,
+    Binding, ComputeServer, CubeCount, ExecutionMode, KernelArguments, ServerError, StreamId,
 };
 
 use crate::batch::{Batch, Dispatch, Encoder, FreedBuffers, GUARD_STATUS_BYTES, Pipeline};
@@ -65,7 +64,6 @@ pub(crate) type StreamState = StreamEntry<WgpuStorage, (), Vec<Arc<Dispatch>>>;
 pub struct WgpuServer {
     pub(crate) info: WgpuInfo,
     pub(crate) owner: HandleOwner,
-    pub(crate) properties: DeviceProperties,
     pub(crate) device: wgpu::Device,
     pub(crate) queue: wgpu::Queue,
     pub(crate) caps: ShaderCapabilities,
@@ -168,8 +166,7 @@ impl WgpuServer {
                 features,
             },
             owner,
-            streams: Streams::new(owner, properties.memory.clone()),
-            properties,
+            streams: Streams::new(owner, properties),
             device,
             queue,
             caps,
@@ -290,10 +287,6 @@ impl ComputeServer for WgpuServer {
 
     fn info(&self) -> WgpuInfo {
         self.info.clone()
-    }
-
-    fn properties(&self) -> DeviceProperties {
-        self.properties.clone()
     }
 
     fn get_resource(

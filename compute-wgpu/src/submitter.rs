@@ -454,7 +454,7 @@ impl WgpuServer {
             let mapped = map_read(&staging);
             (staging, mapped)
         });
-        let maximum = self.properties.hardware.max_cube_count;
+        let maximum = self.streams.properties().hardware.max_cube_count;
         let errors = self.errors.clone();
         let completed = self.completion(index);
         Box::pin(async move {

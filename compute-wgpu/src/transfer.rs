@@ -342,7 +342,7 @@ impl ServerTransfer for WgpuServer {
             Ok(p) => p,
             Err(e) => return ready(Err(e)),
         };
-        let maximum = self.properties.hardware.max_cube_count;
+        let maximum = self.streams.properties().hardware.max_cube_count;
         let parts: Vec<ReadPart> = staged
             .into_iter()
             .zip(descriptors)

@@ -29,7 +29,8 @@ use crate::profile::ProfileDuration;
 use crate::properties::{DeviceProperties, Features, VectorSize};
 use crate::runtime::Runtime;
 use crate::server::{
-    ComputeServer, ServerCollective, ServerGraph, ServerMemory, ServerProfile, ServerTransfer,
+    ComputeServer, KernelLaunch, ServerCollective, ServerGraph, ServerMemory, ServerProfile,
+    ServerTransfer,
 };
 use crate::storage::{ComputeStorage, ManagedResource};
 use crate::stream::{RetireSink, StreamId, register_sink};
@@ -924,9 +925,15 @@ impl<R: Runtime> ComputeClient<R> {
         if let (Ok(()), CubeCount::Dynamic(binding)) = (&result, &count) {
             result = binding.check_owner(owner);
         }
+        let launch = KernelLaunch {
+            kernel,
+            count,
+            arguments: bindings,
+            mode,
+        };
         let result = result.and_then(|()| {
             // SAFETY: for `Unchecked`, the caller of `launch_unchecked` upholds its contract.
-            self.with_server(|s| unsafe { s.launch(kernel, count, bindings, mode, stream) })
+            self.with_server(|s| unsafe { s.launch(launch, stream) })
         });
         self.defer(stream, result);
     }

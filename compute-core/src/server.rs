@@ -23,13 +23,13 @@ use crate::graph::GraphId;
 use crate::handle::{
     Binding, CopyDescriptor, CubeCount, ExecutionMode, Handle, HandleOwner, KernelArguments,
 };
-use crate::kernel::KernelDefinition;
+use crate::kernel::{BackendKernel, KernelDefinition};
 use crate::layout::{MemoryLayout, MemoryLayoutDescriptor};
 use crate::memory::{
     HostMemoryUsage, MemoryAllocationMode, MemoryPoolsConfig, MemoryUsage, PoolConfigError,
 };
 use crate::profile::{ProfileDuration, ProfileToken};
-use crate::properties::DeviceProperties;
+use crate::properties::{DeviceProperties, HardwareProperties};
 use crate::storage::ComputeStorage;
 use crate::stream::StreamId;
 
@@ -87,10 +87,7 @@ pub trait ComputeServer:
     /// access and terminates.
     unsafe fn launch(
         &mut self,
-        kernel: Self::Kernel,
-        count: CubeCount,
-        arguments: KernelArguments,
-        mode: ExecutionMode,
+        launch: KernelLaunch<Self::Kernel>,
         stream: StreamId,
     ) -> Result<(), ServerError>;
 
@@ -99,6 +96,36 @@ pub trait ComputeServer:
 
     /// A future that completes when everything submitted to `stream` so far has run.
     fn sync(&mut self, stream: StreamId) -> DynFut<Result<(), ServerError>>;
+}
+
+/// One kernel launch as [`ComputeServer::launch`] receives it.
+pub struct KernelLaunch<K> {
+    /// The kernel to run.
+    pub kernel: K,
+    /// How many cubes run it.
+    pub count: CubeCount,
+    /// Its buffers and scalars, in the order of its parameters.
+    pub arguments: KernelArguments,
+    /// Whether its accesses are bounds-checked.
+    pub mode: ExecutionMode,
+}
+
+impl<B> KernelLaunch<BackendKernel<B>> {
+    /// The launch's kernel, count, arguments and mode, after the checks every backend makes
+    /// before it records a launch: the arguments match the kernel's parameters and the count is
+    /// within `hardware`'s limits. (The kernel's own limits, cube dimensions and shared and
+    /// private memory, are checked once, when it is compiled.)
+    ///
+    /// # Errors
+    /// [`ServerError::Launch`] naming what does not match.
+    pub fn checked(
+        self,
+        hardware: &HardwareProperties,
+    ) -> Result<(BackendKernel<B>, CubeCount, KernelArguments, ExecutionMode), ServerError> {
+        self.kernel.definition().check_arguments(&self.arguments)?;
+        self.count.check(hardware)?;
+        Ok((self.kernel, self.count, self.arguments, self.mode))
+    }
 }
 
 /// The memory role: allocation, pools, streams' lifetimes and host staging.

@@ -1,4 +1,4 @@
-//! Host-to-device and device-to-host copies: `write`, `read`, `get_resource`. The CPU's
+//! Host-to-device and device-to-host copies: `write` and `read`. The CPU's
 //! "device" memory is host memory, so a copy is a strided row copy run on the stream's worker.
 
 use compute_core::backend::ServerKit;
@@ -7,25 +7,9 @@ use compute_core::layout::{contiguous_strides, for_each_row};
 use compute_core::{Binding, Bytes, CopyDescriptor, ServerError, ServerTransfer, StreamId};
 
 use crate::server::{CpuServer, worker_gone};
-use crate::storage::CpuResource;
 use crate::worker::Command;
 
-impl CpuServer {
-    pub(crate) fn resource_when_idle(
-        &mut self,
-        binding: Binding,
-        stream: StreamId,
-    ) -> Result<CpuResource, ServerError> {
-        let resource = self.resolve(&binding)?;
-        if let Some(point) = binding.handle().access().last()
-            && let Some(other) = self.streams.get(point.stream)
-        {
-            other.queue.progress().wait_for(point.seq);
-        }
-        self.stream(stream)?.queue.wait_idle();
-        Ok(resource)
-    }
-}
+impl CpuServer {}
 
 /// Copy compact `src` into the strided tensor at `dst`.
 ///

@@ -1,6 +1,5 @@
 //! Host <-> device copies: `write` (pinned bytes straight, pageable ones through the staging
-//! ring, strided tensors as 2-D copies of row blocks), `read` into pinned buffers, and
-//! `get_resource`.
+//! ring, strided tensors as 2-D copies of row blocks) and `read` into pinned buffers.
 
 use compute_core::backend::ServerKit;
 use compute_core::future::DynFut;
@@ -13,7 +12,6 @@ use cudarc::driver::{result, sys};
 use crate::driver::Check;
 use crate::server::{CudaServer, ready};
 use crate::staging::{SMALL_PIECE, StagingPlan};
-use crate::storage::CudaResource;
 use crate::stream::KeepAlive;
 
 /// One contiguous run of rows for a 2-D copy: offsets in the strided and compact layouts, rows,
@@ -313,28 +311,6 @@ impl CudaServer {
                 })
                 .collect())
         }))
-    }
-
-    /// `get_resource`: the memory behind `binding`, once the work that last used it and the work
-    /// of `stream` completed.
-    pub(crate) fn resource_when_idle(
-        &mut self,
-        binding: Binding,
-        stream: StreamId,
-    ) -> Result<CudaResource, ServerError> {
-        self.settle()?;
-        let resource = self.resolve(&binding)?;
-        self.ensure_not_capturing(stream, "get_resource")?;
-        if let Some(point) = binding.handle().access().last()
-            && let Some(other) = self.streams.get_mut(point.stream)
-        {
-            other.queue.wait_idle(&mut self.events)?;
-        }
-        self.stream(stream)?;
-        if let Some(state) = self.streams.get_mut(stream) {
-            state.queue.wait_idle(&mut self.events)?;
-        }
-        Ok(resource)
     }
 }
 

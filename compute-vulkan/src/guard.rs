@@ -10,7 +10,7 @@ use compute_core::future::DynFut;
 use compute_core::kernel::{KernelBuilder, KernelDefinition};
 use compute_core::{
     Binding, Bytes, ComputeServer, CubeCount, ElemType, ExecutionMode, Handle, KernelArguments,
-    ServerError, ServerTransfer, StreamId,
+    KernelLaunch, ServerError, ServerTransfer, StreamId,
 };
 
 use crate::kernel::VulkanKernel;
@@ -122,13 +122,13 @@ impl VulkanServer {
         // SAFETY: a bounds-checked launch of the guard, whose buffers hold the 3 and 4 words it
         // reads and writes.
         unsafe {
-            self.launch(
+            let launch = KernelLaunch {
                 kernel,
-                CubeCount::Static(1, 1, 1),
+                count: CubeCount::Static(1, 1, 1),
                 arguments,
-                ExecutionMode::Checked,
-                stream,
-            )?;
+                mode: ExecutionMode::Checked,
+            };
+            self.launch(launch, stream)?;
         }
         Ok(args.binding())
     }

@@ -6,13 +6,12 @@ use std::sync::Arc;
 use ash::vk;
 use compute_core::future::DynFut;
 use compute_core::layout::{contiguous_strides, for_each_row};
-use compute_core::{Binding, Bytes, CopyDescriptor, ServerError, ServerTransfer, StreamId};
+use compute_core::{Bytes, CopyDescriptor, ServerError, ServerTransfer, StreamId};
 
 use crate::batch::{Staging, stage};
 use crate::context::Context;
 use crate::guard::guard_error;
 use crate::server::{VulkanServer, ready};
-use crate::storage::VulkanResource;
 
 /// Staging buffers a read copies into, waited for before they return to the pool.
 struct PendingRead {
@@ -102,18 +101,6 @@ impl VulkanServer {
             .command(stage::TRANSFER)
             .copy(src, staging.buffer(), regions);
         Ok(staging)
-    }
-
-    /// [`ComputeServer::get_resource`](compute_core::ComputeServer::get_resource).
-    pub(crate) fn resource_when_idle(
-        &mut self,
-        binding: Binding,
-        _stream: StreamId,
-    ) -> Result<VulkanResource, ServerError> {
-        let resource = self.resolve(&binding)?;
-        let value = self.submit_or_last()?;
-        self.ctx.wait(value)?;
-        Ok(resource)
     }
 }
 

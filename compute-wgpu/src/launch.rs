@@ -1,21 +1,26 @@
 //! Kernel launches: the pipeline cache (IR compiled to WGSL, one pipeline per kernel and
 //! bounds-check mode), the bindings and launch info of a launch, the launch checks, and the guard
 //! of indirect launches (a dynamic cube count over the device's limits, recorded on the device
-//! and read back by the next sync or read).
+//! and read back by the next sync or read); with them, the other [`ComputeServer`] core calls
+//! (`get_resource`, flush, sync).
 
 use std::sync::Arc;
 
 use compute_core::backend::ServerKit;
 use compute_core::error::LaunchError;
+use compute_core::future::DynFut;
 use compute_core::handle::BufferArgument;
-use compute_core::{Binding, CubeCount, ExecutionMode, KernelArguments, ServerError, StreamId};
+use compute_core::{
+    Binding, ComputeServer, CubeCount, ExecutionMode, KernelArguments, KernelLaunch, ServerError,
+    StreamId,
+};
 
 use crate::batch::{BoundBuffer, Command, Dispatch, DispatchCount, GUARD_STATUS_BYTES, Pipeline};
 use crate::compiler::{self, HEADER_WORDS};
 use crate::kernel::WgpuKernel;
 use crate::poller::gone;
-use crate::server::WgpuServer;
-use crate::storage::WgpuResource;
+use crate::server::{WgpuInfo, WgpuServer};
+use crate::storage::{WgpuResource, WgpuStorage};
 use crate::transfer::Staging;
 
 fn saturate(x: u64) -> u32 {
@@ -51,89 +56,6 @@ pub(crate) async fn guard_error(
 }
 
 impl WgpuServer {
-    /// `launch`: check the arguments and the count, and record the launch into the batch (or
-    /// into the stream's capture).
-    ///
-    /// # Safety
-    /// The contract of [`ComputeServer::launch`](compute_core::ComputeServer::launch).
-    pub(crate) unsafe fn launch_kernel(
-        &mut self,
-        kernel: WgpuKernel,
-        count: CubeCount,
-        arguments: KernelArguments,
-        mode: ExecutionMode,
-        stream: StreamId,
-    ) -> Result<(), ServerError> {
-        let def = kernel.definition();
-        // The kernel's own limits (cube dimensions, shared and private memory) are checked once,
-        // with the rest of the IR, when its pipeline is made.
-        def.check_arguments(&arguments)?;
-        count.check(&self.streams.properties().hardware)?;
-        // Only a graph keeps the bindings (its launches outlive the caller's handles). A batch
-        // does not need them: a slice freed and reused after this launch is written by work
-        // issued later, which the one queue runs after this launch.
-        let capturing = self.stream(stream)?.capture.is_some();
-        let mut bindings: Vec<Binding> = Vec::new();
-        let (count, empty) = match count {
-            CubeCount::Static(x, y, z) => {
-                (DispatchCount::Static([x, y, z]), x == 0 || y == 0 || z == 0)
-            }
-            CubeCount::Dynamic(binding) => {
-                let resource = self.resolve(&binding)?;
-                bindings.push(binding);
-                // Recorded now or by a graph's replay: the guard's status is read from the next
-                // sync or read on (a replay sets this again).
-                self.guard_unread |= !capturing;
-                (
-                    DispatchCount::Dynamic {
-                        buffer: resource.buffer,
-                        offset: resource.offset,
-                    },
-                    false,
-                )
-            }
-        };
-        let checked = mode == ExecutionMode::Checked;
-        let pipeline = self.pipeline(&kernel, checked)?;
-        // The info words and bound buffers go straight into the batch's arenas (taken back on
-        // an error, moved into a graph's launch when capturing).
-        let words = self.batch.words.len();
-        let bound = self.batch.buffers.len();
-        let built = self.build_launch(
-            def,
-            &pipeline,
-            arguments,
-            capturing.then_some(&mut bindings),
-        );
-        if let Err(e) = built {
-            self.batch.words.truncate(words);
-            self.batch.buffers.truncate(bound);
-            return Err(e);
-        }
-        if capturing {
-            let dispatch = Arc::new(Dispatch {
-                pipeline,
-                buffers: self.batch.buffers.drain(bound..).collect(),
-                info: self.batch.words.drain(words..).collect(),
-                count,
-                _bindings: bindings,
-            });
-            if let Some(capture) = &mut self.stream(stream)?.capture
-                && !empty
-            {
-                capture.push(dispatch);
-            }
-            return Ok(());
-        }
-        if empty {
-            self.batch.words.truncate(words);
-            self.batch.buffers.truncate(bound);
-            return Ok(());
-        }
-        self.batch.push_launch(pipeline, words, bound, count);
-        self.submit_if_full()
-    }
-
     /// When an indirect launch was recorded since the last look: record a copy of the guard's
     /// status into a readback buffer and clear it, to be read once the batch completed (see
     /// [`guard_error`]).
@@ -340,5 +262,113 @@ impl WgpuServer {
             }
         }
         Ok(())
+    }
+}
+
+impl ComputeServer for WgpuServer {
+    type Kernel = WgpuKernel;
+    type Storage = WgpuStorage;
+    type Info = WgpuInfo;
+
+    fn info(&self) -> WgpuInfo {
+        self.info.clone()
+    }
+
+    /// `get_resource`: the resource behind `binding`, once every submission so far completed.
+    fn get_resource(
+        &mut self,
+        binding: Binding,
+        _stream: StreamId,
+    ) -> Result<WgpuResource, ServerError> {
+        let resource = self.resolve(&binding)?;
+        let index = self.submit_always()?;
+        self.wait_for(index)?;
+        Ok(resource)
+    }
+
+    /// `launch`: check the arguments and the count, and record the launch into the batch (or
+    /// into the stream's capture).
+    ///
+    /// # Safety
+    /// The contract of [`ComputeServer::launch`](compute_core::ComputeServer::launch).
+    unsafe fn launch(
+        &mut self,
+        launch: KernelLaunch<WgpuKernel>,
+        stream: StreamId,
+    ) -> Result<(), ServerError> {
+        let (kernel, count, arguments, mode) =
+            launch.checked(&self.streams.properties().hardware)?;
+        let def = kernel.definition();
+        // Only a graph keeps the bindings (its launches outlive the caller's handles). A batch
+        // does not need them: a slice freed and reused after this launch is written by work
+        // issued later, which the one queue runs after this launch.
+        let capturing = self.stream(stream)?.capture.is_some();
+        let mut bindings: Vec<Binding> = Vec::new();
+        let (count, empty) = match count {
+            CubeCount::Static(x, y, z) => {
+                (DispatchCount::Static([x, y, z]), x == 0 || y == 0 || z == 0)
+            }
+            CubeCount::Dynamic(binding) => {
+                let resource = self.resolve(&binding)?;
+                bindings.push(binding);
+                // Recorded now or by a graph's replay: the guard's status is read from the next
+                // sync or read on (a replay sets this again).
+                self.guard_unread |= !capturing;
+                (
+                    DispatchCount::Dynamic {
+                        buffer: resource.buffer,
+                        offset: resource.offset,
+                    },
+                    false,
+                )
+            }
+        };
+        let checked = mode == ExecutionMode::Checked;
+        let pipeline = self.pipeline(&kernel, checked)?;
+        // The info words and bound buffers go straight into the batch's arenas (taken back on
+        // an error, moved into a graph's launch when capturing).
+        let words = self.batch.words.len();
+        let bound = self.batch.buffers.len();
+        let built = self.build_launch(
+            def,
+            &pipeline,
+            arguments,
+            capturing.then_some(&mut bindings),
+        );
+        if let Err(e) = built {
+            self.batch.words.truncate(words);
+            self.batch.buffers.truncate(bound);
+            return Err(e);
+        }
+        if capturing {
+            let dispatch = Arc::new(Dispatch {
+                pipeline,
+                buffers: self.batch.buffers.drain(bound..).collect(),
+                info: self.batch.words.drain(words..).collect(),
+                count,
+                _bindings: bindings,
+            });
+            if let Some(capture) = &mut self.stream(stream)?.capture
+                && !empty
+            {
+                capture.push(dispatch);
+            }
+            return Ok(());
+        }
+        if empty {
+            self.batch.words.truncate(words);
+            self.batch.buffers.truncate(bound);
+            return Ok(());
+        }
+        self.batch.push_launch(pipeline, words, bound, count);
+        self.submit_if_full()
+    }
+
+    fn flush(&mut self, _stream: StreamId) -> Result<(), ServerError> {
+        self.submit()?;
+        self.take_error()
+    }
+    fn sync(&mut self, stream: StreamId) -> DynFut<Result<(), ServerError>> {
+        self.sync_stream(stream)
     }
 }

@@ -1,4 +1,4 @@
-//! Host-to-device and device-to-host copies: `write`, `read`, `get_resource`, and the staging
+//! Host-to-device and device-to-host copies: `write`, `read`, and the staging
 //! they go through. A write goes to `queue.write_buffer` on the submit thread, whole 4-byte words
 //! only (the words a write covers only partly are read back and merged first); a read records a
 //! copy into a staging buffer and maps it once its submission completed. Every `MAP_READ`
@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use compute_core::future::{DynFut, oneshot};
 use compute_core::layout::{contiguous_strides, for_each_row};
-use compute_core::{Binding, Bytes, CopyDescriptor, ServerError, ServerTransfer, StreamId};
+use compute_core::{Bytes, CopyDescriptor, ServerError, ServerTransfer, StreamId};
 
 use crate::batch::Command;
 use crate::launch::guard_error;
@@ -163,17 +163,6 @@ impl WgpuServer {
             buffer,
             counted: self.staging_bytes.clone(),
         }
-    }
-
-    /// `get_resource`: the resource behind `binding`, once every submission so far completed.
-    pub(crate) fn resource_when_idle(
-        &mut self,
-        binding: Binding,
-    ) -> Result<WgpuResource, ServerError> {
-        let resource = self.resolve(&binding)?;
-        let index = self.submit_always()?;
-        self.wait_for(index)?;
-        Ok(resource)
     }
 
     /// The 4-byte words `edges` of `buffer` as they are after every command and write issued so

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use hashbrown::HashMap;
 
 use crate::bytes::Bytes;
-use crate::collective::ReduceOperation;
+use crate::collective::{AllReduce, ReduceOperation};
 use crate::device::{Device, DeviceId, registry_get_or_create, registry_set};
 use crate::elem::ElemType;
 use crate::error::{LayoutError, ProfileError, ServerError};
@@ -903,7 +903,14 @@ impl<R: Runtime> ComputeClient<R> {
             .check_owner(owner)
             .and_then(|()| dst.check_owner(owner))
             .and_then(|()| {
-                self.with_server(|s| s.all_reduce(src, dst, dtype, device_ids, op, stream))
+                let reduce = AllReduce {
+                    src,
+                    dst,
+                    dtype,
+                    devices: device_ids,
+                    op,
+                };
+                self.with_server(|s| s.all_reduce(reduce, stream))
             });
         self.defer(stream, result);
     }

@@ -14,9 +14,8 @@
 
 use crate::backend::ServerKit;
 use crate::bytes::Bytes;
-use crate::collective::ReduceOperation;
+use crate::collective::AllReduce;
 use crate::device::DeviceId;
-use crate::elem::ElemType;
 use crate::error::{ProfileError, ServerError};
 use crate::future::DynFut;
 use crate::graph::GraphId;
@@ -312,15 +311,7 @@ pub trait ServerCollective {
 
     /// Enqueue this device's part of an all-reduce over `devices` on the communication stream,
     /// ordered after the work on `stream` that produced `src`.
-    fn all_reduce(
-        &mut self,
-        src: Binding,
-        dst: Binding,
-        dtype: ElemType,
-        devices: Vec<DeviceId>,
-        op: ReduceOperation,
-        stream: StreamId,
-    ) -> Result<(), ServerError>;
+    fn all_reduce(&mut self, reduce: AllReduce, stream: StreamId) -> Result<(), ServerError>;
 
     /// A future that completes when this device's collectives issued so far have finished.
     fn sync_collective(&mut self, stream: StreamId) -> DynFut<Result<(), ServerError>>;

@@ -190,10 +190,7 @@ impl ComputeServer for CpuServer {
     }
 
     fn flush(&mut self, stream: StreamId) -> Result<(), ServerError> {
-        match self.stream(stream)?.queue.take_error() {
-            Some(e) => Err(e),
-            None => Ok(()),
-        }
+        self.stream(stream)?.queue.take_error().map_or(Ok(()), Err)
     }
 
     fn sync(&mut self, stream: StreamId) -> DynFut<Result<(), ServerError>> {

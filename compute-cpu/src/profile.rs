@@ -1,6 +1,7 @@
 //! Profiling: the CPU's device time is host time from `profile_start` to the stream's sync
 //! marker after `profile_end`.
 
+use compute_core::backend::ServerKit;
 use compute_core::future::DynFut;
 use compute_core::profile::{ProfileToken, host_profile};
 use compute_core::{ComputeServer, ProfileDuration, ProfileError, ServerProfile, StreamId};

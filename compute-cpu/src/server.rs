@@ -127,14 +127,6 @@ impl CpuServer {
         Ok(seq)
     }
 
-    pub(crate) fn ensure_not_capturing(
-        &self,
-        stream: StreamId,
-        what: &str,
-    ) -> Result<(), ServerError> {
-        self.streams.ensure_not_capturing(stream, what)
-    }
-
     pub(crate) fn sync_marker(&mut self, stream: StreamId) -> DynFut<Result<(), ServerError>> {
         let (tx, rx) = oneshot();
         let errors = match self.stream(stream) {

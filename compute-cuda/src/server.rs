@@ -133,8 +133,9 @@ impl CudaServer {
         self.streams.resolve(binding)
     }
 
-    /// The capture rule for `what` on `stream`; binds the context and creates the stream first,
-    /// as every caller goes on to the driver.
+    /// The capture rule for `what` on `stream` (the kit's
+    /// [`ServerKit::ensure_not_capturing`], which this shadows); binds the context and creates
+    /// the stream first, as every caller goes on to the driver.
     pub(crate) fn ensure_not_capturing(
         &mut self,
         stream: StreamId,

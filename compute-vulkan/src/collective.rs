@@ -12,6 +12,7 @@
 use std::sync::Arc;
 
 use ash::vk;
+use compute_core::backend::ServerKit;
 use compute_core::collective::{AllReduce, HostCollectives, HostRendezvous};
 use compute_core::future::DynFut;
 use compute_core::{

@@ -6,6 +6,7 @@
 use std::sync::Arc;
 
 use ash::vk;
+use compute_core::backend::ServerKit;
 use compute_core::error::LaunchError;
 use compute_core::future::DynFut;
 use compute_core::handle::BufferArgument;
@@ -446,10 +447,7 @@ impl ComputeServer for VulkanServer {
                     Err(e) => errors.lock().push_front(e),
                 }
             }
-            match compute_core::error::take_first(&mut errors.lock()) {
-                Some(e) => Err(e),
-                None => Ok(()),
-            }
+            compute_core::error::take_result(&mut errors.lock())
         })
     }
 }

@@ -4,6 +4,7 @@
 use std::sync::Arc;
 
 use ash::vk;
+use compute_core::backend::ServerKit;
 use compute_core::future::DynFut;
 use compute_core::profile::{ProfileToken, device_profile, end_profile};
 use compute_core::{ProfileDuration, ProfileError, ServerError, ServerProfile, StreamId};

@@ -362,19 +362,8 @@ impl VulkanServer {
         self.streams.is_capturing(stream)
     }
 
-    pub(crate) fn ensure_not_capturing(
-        &self,
-        stream: StreamId,
-        what: &str,
-    ) -> Result<(), ServerError> {
-        self.streams.ensure_not_capturing(stream, what)
-    }
-
     pub(crate) fn take_error(&self) -> Result<(), ServerError> {
-        match compute_core::error::take_first(&mut self.errors.lock()) {
-            Some(e) => Err(e),
-            None => Ok(()),
-        }
+        compute_core::error::take_result(&mut self.errors.lock())
     }
 
     /// Hand blocks the pools released to the batch (freed once the work before them is done).

@@ -4,6 +4,7 @@
 use std::sync::Arc;
 
 use ash::vk;
+use compute_core::backend::ServerKit;
 use compute_core::future::DynFut;
 use compute_core::layout::{contiguous_strides, for_each_row};
 use compute_core::{Bytes, CopyDescriptor, ServerError, ServerTransfer, StreamId};

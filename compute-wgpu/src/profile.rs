@@ -2,6 +2,7 @@
 //! back once it completed (device timing), or the host's clock around a sync where the device
 //! has no timestamp queries.
 
+use compute_core::backend::ServerKit;
 use compute_core::future::DynFut;
 use compute_core::profile::{ProfileToken, device_profile, end_profile};
 use compute_core::{ProfileDuration, ProfileError, ServerError, ServerProfile, StreamId};

@@ -222,19 +222,8 @@ impl WgpuServer {
         Ok(resource)
     }
 
-    pub(crate) fn ensure_not_capturing(
-        &self,
-        stream: StreamId,
-        what: &str,
-    ) -> Result<(), ServerError> {
-        self.streams.ensure_not_capturing(stream, what)
-    }
-
     pub(crate) fn take_error(&self) -> Result<(), ServerError> {
-        match compute_core::error::take_first(&mut self.errors.lock()) {
-            Some(e) => Err(e),
-            None => Ok(()),
-        }
+        compute_core::error::take_result(&mut self.errors.lock())
     }
 }
 

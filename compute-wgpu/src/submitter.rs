@@ -17,6 +17,7 @@
 use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, mpsc};
 
+use compute_core::backend::ServerKit;
 use compute_core::future::{DynFut, oneshot};
 use compute_core::submit::{Spares, SubmitThread, SubmitWorker};
 use compute_core::{Bytes, ServerError, StreamId};
@@ -464,10 +465,7 @@ impl WgpuServer {
             {
                 errors.lock().push_back(e);
             }
-            match compute_core::error::take_first(&mut errors.lock()) {
-                Some(e) => Err(e),
-                None => Ok(()),
-            }
+            compute_core::error::take_result(&mut errors.lock())
         })
     }
 }

@@ -8,6 +8,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use compute_core::backend::ServerKit;
 use compute_core::future::{DynFut, oneshot};
 use compute_core::layout::{contiguous_strides, for_each_row};
 use compute_core::{Bytes, CopyDescriptor, ServerError, ServerTransfer, StreamId};

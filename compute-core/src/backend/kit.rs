@@ -78,6 +78,15 @@ pub trait ServerKit {
         self.stream(stream)?.create_buffer(owner, stream, size)
     }
 
+    /// The capture rule of the kit's streams: `what` may not run while a capture runs on
+    /// `stream`.
+    ///
+    /// # Errors
+    /// See [`Streams::ensure_not_capturing`].
+    fn ensure_not_capturing(&self, stream: StreamId, what: &str) -> Result<(), ServerError> {
+        self.kit_streams().ensure_not_capturing(stream, what)
+    }
+
     /// The kit's `graph_prepare`: refused while a capture runs on `stream`, then persistent
     /// memory.
     ///

@@ -222,15 +222,15 @@ pub trait ServerMemory: ServerKit {
     }
 }
 
+/// One host-to-device copy of [`ServerTransfer::write`]: where the bytes land, and the compact
+/// bytes.
+pub type HostWrite = (CopyDescriptor, Bytes);
+
 /// The transfer role: copies between host and device.
 pub trait ServerTransfer {
     /// Enqueue host-to-device copies. `data` is compact (no padding); the descriptor's strides say
     /// where each row lands. Later work on `stream` sees the data.
-    fn write(
-        &mut self,
-        writes: Vec<(CopyDescriptor, Bytes)>,
-        stream: StreamId,
-    ) -> Result<(), ServerError>;
+    fn write(&mut self, writes: Vec<HostWrite>, stream: StreamId) -> Result<(), ServerError>;
 
     /// Enqueue one host-to-device copy from borrowed bytes, read only before this returns: the
     /// path behind `create_from_slice`. The default copies `data` into owned [`Bytes`] and calls

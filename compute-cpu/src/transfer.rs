@@ -4,6 +4,7 @@
 use compute_core::backend::ServerKit;
 use compute_core::future::{DynFut, oneshot};
 use compute_core::layout::{contiguous_strides, for_each_row};
+use compute_core::server::HostWrite;
 use compute_core::{Binding, Bytes, CopyDescriptor, ServerError, ServerTransfer, StreamId};
 
 use crate::server::{CpuServer, worker_gone};
@@ -52,11 +53,7 @@ unsafe fn gather_rows(
 }
 
 impl ServerTransfer for CpuServer {
-    fn write(
-        &mut self,
-        writes: Vec<(CopyDescriptor, Bytes)>,
-        stream: StreamId,
-    ) -> Result<(), ServerError> {
+    fn write(&mut self, writes: Vec<HostWrite>, stream: StreamId) -> Result<(), ServerError> {
         self.ensure_not_capturing(stream, "write")?;
         for (descriptor, bytes) in writes {
             descriptor.validate_write(bytes.len())?;

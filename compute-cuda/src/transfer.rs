@@ -4,6 +4,7 @@
 use compute_core::backend::ServerKit;
 use compute_core::future::DynFut;
 use compute_core::layout::contiguous_strides;
+use compute_core::server::HostWrite;
 use compute_core::{
     Binding, Bytes, BytesKind, CopyDescriptor, ServerError, ServerTransfer, StreamId,
 };
@@ -327,11 +328,7 @@ impl ServerTransfer for CudaServer {
     }
 
     /// `write`: each copy in order, refused while a capture runs.
-    fn write(
-        &mut self,
-        writes: Vec<(CopyDescriptor, Bytes)>,
-        stream: StreamId,
-    ) -> Result<(), ServerError> {
+    fn write(&mut self, writes: Vec<HostWrite>, stream: StreamId) -> Result<(), ServerError> {
         self.ensure_not_capturing(stream, "write")?;
         for (descriptor, bytes) in writes {
             self.write_one(stream, descriptor, bytes)?;

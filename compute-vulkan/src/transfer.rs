@@ -7,6 +7,7 @@ use ash::vk;
 use compute_core::backend::ServerKit;
 use compute_core::future::DynFut;
 use compute_core::layout::{contiguous_strides, for_each_row};
+use compute_core::server::HostWrite;
 use compute_core::{Bytes, CopyDescriptor, ServerError, ServerTransfer, StreamId};
 
 use crate::batch::{Staging, stage};
@@ -107,11 +108,7 @@ impl VulkanServer {
 
 impl ServerTransfer for VulkanServer {
     /// [`ServerTransfer::write`](compute_core::ServerTransfer::write).
-    fn write(
-        &mut self,
-        writes: Vec<(CopyDescriptor, Bytes)>,
-        stream: StreamId,
-    ) -> Result<(), ServerError> {
+    fn write(&mut self, writes: Vec<HostWrite>, stream: StreamId) -> Result<(), ServerError> {
         self.ensure_not_capturing(stream, "write")?;
         // Completed work hands its staging buffers back before this write asks for one.
         self.recorder.recycle();

@@ -11,6 +11,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use compute_core::backend::ServerKit;
 use compute_core::future::{DynFut, oneshot};
 use compute_core::layout::{contiguous_strides, for_each_row};
+use compute_core::server::HostWrite;
 use compute_core::{Bytes, CopyDescriptor, ServerError, ServerTransfer, StreamId};
 
 use crate::batch::Command;
@@ -240,11 +241,7 @@ impl WgpuServer {
 impl ServerTransfer for WgpuServer {
     /// `write`: each write's whole words through `queue.write_buffer` on the submit thread, after
     /// the batch recorded before it; partly covered words merged with the buffer's contents.
-    fn write(
-        &mut self,
-        writes: Vec<(CopyDescriptor, Bytes)>,
-        stream: StreamId,
-    ) -> Result<(), ServerError> {
+    fn write(&mut self, writes: Vec<HostWrite>, stream: StreamId) -> Result<(), ServerError> {
         self.ensure_not_capturing(stream, "write")?;
         for (descriptor, bytes) in writes {
             descriptor.validate_write(bytes.len())?;

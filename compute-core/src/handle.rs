@@ -244,6 +244,23 @@ impl CopyDescriptor {
         crate::layout::strided_span(&self.shape, &self.strides, self.elem_size)
     }
 
+    /// The sources of a read, in order: each descriptor [validated](Self::validate), then its
+    /// binding resolved by `resolve` (the backend's resolve).
+    ///
+    /// # Errors
+    /// The first descriptor's validation error or resolve error.
+    pub fn read_sources<R>(
+        descriptors: &[CopyDescriptor],
+        mut resolve: impl FnMut(&Binding) -> Result<R, ServerError>,
+    ) -> Result<Vec<R>, ServerError> {
+        let mut sources = Vec::with_capacity(descriptors.len());
+        for descriptor in descriptors {
+            descriptor.validate()?;
+            sources.push(resolve(&descriptor.binding)?);
+        }
+        Ok(sources)
+    }
+
     /// Check the descriptor fits its memory and is row-major, as the runtime lays tensors out.
     ///
     /// Every size is computed with checked arithmetic: a shape, stride or element size whose

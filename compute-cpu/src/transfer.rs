@@ -86,11 +86,7 @@ impl ServerTransfer for CpuServer {
     ) -> DynFut<Result<Vec<Bytes>, ServerError>> {
         let prepared = (|| {
             self.ensure_not_capturing(stream, "read")?;
-            let mut sources = Vec::with_capacity(descriptors.len());
-            for descriptor in &descriptors {
-                descriptor.validate()?;
-                sources.push(self.resolve(&descriptor.binding)?);
-            }
+            let sources = CopyDescriptor::read_sources(&descriptors, |b| self.resolve(b))?;
             Ok::<_, ServerError>(sources)
         })();
         let sources = match prepared {

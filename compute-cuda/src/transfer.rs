@@ -270,11 +270,7 @@ impl CudaServer {
         self.settle()?;
         crate::driver::take_release_error()?;
         self.ensure_not_capturing(stream, "read")?;
-        let mut sources = Vec::with_capacity(descriptors.len());
-        for descriptor in &descriptors {
-            descriptor.validate()?;
-            sources.push(self.resolve(&descriptor.binding)?);
-        }
+        let sources = CopyDescriptor::read_sources(&descriptors, |b| self.resolve(b))?;
         let bindings: Vec<Binding> = descriptors.iter().map(|d| d.binding.clone()).collect();
         let refs: Vec<&Binding> = bindings.iter().collect();
         self.order_after(stream, &refs)?;

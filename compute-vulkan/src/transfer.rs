@@ -153,11 +153,7 @@ impl ServerTransfer for VulkanServer {
         let prepared = (|| {
             self.ensure_not_capturing(stream, "read")?;
             self.take_error()?;
-            let mut sources = Vec::with_capacity(descriptors.len());
-            for descriptor in &descriptors {
-                descriptor.validate()?;
-                sources.push(self.resolve(&descriptor.binding)?);
-            }
+            let sources = CopyDescriptor::read_sources(&descriptors, |b| self.resolve(b))?;
             self.recorder.recycle();
             let mut parts = Vec::with_capacity(descriptors.len());
             for (descriptor, source) in descriptors.into_iter().zip(sources) {

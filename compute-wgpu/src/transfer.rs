@@ -300,11 +300,7 @@ impl ServerTransfer for WgpuServer {
         let prepared = (|| {
             self.ensure_not_capturing(stream, "read")?;
             self.take_error()?;
-            let mut sources = Vec::with_capacity(descriptors.len());
-            for descriptor in &descriptors {
-                descriptor.validate()?;
-                sources.push(self.resolve(&descriptor.binding)?);
-            }
+            let sources = CopyDescriptor::read_sources(&descriptors, |b| self.resolve(b))?;
             let mut staged = Vec::with_capacity(descriptors.len());
             for (descriptor, source) in descriptors.iter().zip(&sources) {
                 let span =

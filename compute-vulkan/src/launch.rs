@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use ash::vk;
 use compute_core::backend::ServerKit;
-use compute_core::error::LaunchError;
+use compute_core::backend::bind::{BindLimits, push_layout_words, write_scalar_words};
 use compute_core::future::DynFut;
 use compute_core::handle::BufferArgument;
 use compute_core::{
@@ -22,10 +22,6 @@ use crate::ops::Rec;
 use crate::server::{VulkanInfo, VulkanServer, ready};
 use crate::storage::{VulkanResource, VulkanStorage};
 
-fn saturate(x: u64) -> u32 {
-    u32::try_from(x).unwrap_or(u32::MAX)
-}
-
 fn words_as_bytes(words: &[u32]) -> &[u8] {
     bytemuck::cast_slice(words)
 }
@@ -39,57 +35,25 @@ impl VulkanServer {
         item: u64,
         name: &str,
     ) -> Result<(vk::DescriptorBufferInfo, u32, u32), ServerError> {
-        let item = item.max(1);
-        // minStorageBufferOffsetAlignment is a power of two (spec); item sizes nearly always are:
-        // masks and shifts instead of divisions on the launch path.
-        let bind_offset = if self.bind_align.is_power_of_two() {
-            resource.offset & !(self.bind_align - 1)
-        } else {
-            resource.offset / self.bind_align * self.bind_align
+        // minStorageBufferOffsetAlignment is a power of two (spec), item sizes nearly always
+        // are: `bind` masks and shifts on the launch path.
+        let limits = BindLimits {
+            align: self.bind_align,
+            max: u64::from(self.ctx.limits().max_storage_buffer_range),
+            limit: "maxStorageBufferRange",
         };
-        let delta = resource.offset - bind_offset;
-        let in_items = |bytes: u64| {
-            if item.is_power_of_two() {
-                bytes >> item.trailing_zeros()
-            } else {
-                bytes / item
-            }
-        };
-        let misaligned = if item.is_power_of_two() {
-            delta & (item - 1) != 0
-        } else {
-            !delta.is_multiple_of(item)
-        };
-        if misaligned {
-            return Err(LaunchError::MisalignedBuffer {
-                kernel: name.into(),
-                name: "argument".into(),
-                offset: resource.offset,
-                alignment: item,
-            }
-            .into());
-        }
-        let mut range = (delta + resource.size).max(item).next_multiple_of(4);
-        if bind_offset + range > resource.block_size {
-            range = resource.block_size - bind_offset;
-        }
-        let max = u64::from(self.ctx.limits().max_storage_buffer_range);
-        if range > max {
-            return Err(LaunchError::BindingTooLarge {
-                kernel: name.into(),
-                bytes: range,
-                maximum: max,
-                limit: "maxStorageBufferRange",
-            }
-            .into());
-        }
+        let range = limits.bind(
+            name,
+            (resource.offset, resource.size, resource.block_size),
+            item,
+        )?;
         Ok((
             vk::DescriptorBufferInfo::default()
                 .buffer(resource.buffer)
-                .offset(bind_offset)
-                .range(range),
-            saturate(in_items(delta)),
-            saturate(in_items(resource.size)),
+                .offset(range.offset)
+                .range(range.size),
+            range.base,
+            range.len,
         ))
     }
 
@@ -352,13 +316,7 @@ impl ComputeServer for VulkanServer {
         let mut words = core::mem::take(&mut self.words);
         words.clear();
         words.resize(args.words as usize, 0);
-        for (value, &at) in arguments.scalars.iter().zip(&args.scalar_words) {
-            let w = value.word_bits();
-            words[at as usize] = w[0];
-            if value.elem_type().size() == 8 {
-                words[at as usize + 1] = w[1];
-            }
-        }
+        write_scalar_words(&mut words, 0, &arguments.scalars, &args.scalar_words);
         let mut descriptors = core::mem::take(&mut self.descriptors);
         descriptors.clear();
         let mut info = core::mem::take(&mut self.info_words);
@@ -386,8 +344,7 @@ impl ComputeServer for VulkanServer {
                 let header = args.info_header_word as usize + 2 * k;
                 info[header] = shape.rank() as u32;
                 info[header + 1] = info.len() as u32;
-                info.extend(shape.iter().map(|&d| saturate(d as u64)));
-                info.extend(strides.iter().map(|&s| saturate(s as u64)));
+                push_layout_words(&mut info, &shape, &strides);
             }
             descriptors.push(descriptor);
             if capturing {

@@ -7,7 +7,7 @@
 use std::sync::Arc;
 
 use compute_core::backend::ServerKit;
-use compute_core::error::LaunchError;
+use compute_core::backend::bind::{BindLimits, push_layout_words, write_scalar_words};
 use compute_core::future::DynFut;
 use compute_core::handle::BufferArgument;
 use compute_core::{
@@ -22,10 +22,6 @@ use crate::poller::gone;
 use crate::server::{WgpuInfo, WgpuServer};
 use crate::storage::{WgpuResource, WgpuStorage};
 use crate::transfer::Staging;
-
-fn saturate(x: u64) -> u32 {
-    u32::try_from(x).unwrap_or(u32::MAX)
-}
 
 /// The error of the over-limit count the guard recorded in `staging` (a copy of its status,
 /// mapped by `mapped`), if it recorded one.
@@ -168,49 +164,23 @@ impl WgpuServer {
         name: &str,
     ) -> Result<(BoundBuffer, u32, u32), ServerError> {
         // Both are powers of two (WebGPU's offset alignment, items of 1-8 byte elements times
-        // 1-16 components): masks and shifts, no division on the launch path.
-        let align = u64::from(self.info.limits.min_storage_buffer_offset_alignment).max(4);
-        let bind_offset = resource.offset & !(align - 1);
-        let delta = resource.offset - bind_offset;
-        let per_item = |bytes: u64| {
-            if item.is_power_of_two() {
-                bytes >> item.trailing_zeros()
-            } else {
-                bytes / item
-            }
+        // 1-16 components): `bind` masks and shifts, no division on the launch path. Offsets
+        // are aligned to at least a word, so the buffer's whole words are what may be bound.
+        let limits = BindLimits {
+            align: u64::from(self.info.limits.min_storage_buffer_offset_alignment).max(4),
+            max: self.info.limits.max_storage_buffer_binding_size,
+            limit: "max_storage_buffer_binding_size",
         };
-        if per_item(delta) * item != delta {
-            return Err(LaunchError::MisalignedBuffer {
-                kernel: name.into(),
-                name: "argument".into(),
-                offset: resource.offset,
-                alignment: item,
-            }
-            .into());
-        }
-        let block = resource.buffer.size();
-        let mut size = (delta + resource.size).max(item).next_multiple_of(4);
-        if bind_offset + size > block {
-            size = (block - bind_offset) / 4 * 4;
-        }
-        let max = self.info.limits.max_storage_buffer_binding_size;
-        if size > max {
-            return Err(LaunchError::BindingTooLarge {
-                kernel: name.into(),
-                bytes: size,
-                maximum: max,
-                limit: "max_storage_buffer_binding_size",
-            }
-            .into());
-        }
+        let block = resource.buffer.size() / 4 * 4;
+        let range = limits.bind(name, (resource.offset, resource.size, block), item)?;
         Ok((
             BoundBuffer {
                 buffer: resource.buffer,
-                offset: bind_offset,
-                size,
+                offset: range.offset,
+                size: range.size,
             },
-            saturate(per_item(delta)),
-            saturate(per_item(resource.size)),
+            range.base,
+            range.len,
         ))
     }
 
@@ -228,14 +198,12 @@ impl WgpuServer {
         self.batch
             .words
             .resize(start + layout.fixed_words as usize, 0u32);
-        for (value, &offset) in arguments.scalars.iter().zip(&layout.scalar_offsets) {
-            let words = value.word_bits();
-            let at = start + offset as usize;
-            self.batch.words[at] = words[0];
-            if value.elem_type().size() == 8 {
-                self.batch.words[at + 1] = words[1];
-            }
-        }
+        write_scalar_words(
+            &mut self.batch.words,
+            start,
+            &arguments.scalars,
+            &layout.scalar_offsets,
+        );
         for (
             k,
             BufferArgument {
@@ -254,8 +222,7 @@ impl WgpuServer {
             words[header + 1] = len;
             words[header + 2] = shape.rank() as u32;
             words[header + 3] = meta;
-            words.extend(shape.iter().map(|&d| saturate(d as u64)));
-            words.extend(strides.iter().map(|&s| saturate(s as u64)));
+            push_layout_words(words, &shape, &strides);
             self.batch.buffers.push(bound);
             if let Some(keep) = keep.as_deref_mut() {
                 keep.push(binding);

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use ash::vk;
 use compute_core::backend::ServerKit;
 use compute_core::future::DynFut;
-use compute_core::layout::{contiguous_strides, for_each_row};
+use compute_core::layout::for_each_row;
 use compute_core::server::HostWrite;
 use compute_core::{Bytes, CopyDescriptor, ServerError, ServerTransfer, StreamId};
 
@@ -32,19 +32,6 @@ impl Drop for PendingRead {
     }
 }
 
-fn is_contiguous(shape: &[usize], strides: &[usize]) -> bool {
-    strides == contiguous_strides(shape).0.as_slice()
-}
-
-/// Bytes from the first to one past the last element of a strided tensor.
-fn strided_span(shape: &[usize], strides: &[usize], elem_size: usize) -> usize {
-    if shape.contains(&0) {
-        return 0;
-    }
-    let last: usize = shape.iter().zip(strides).map(|(n, s)| (n - 1) * s).sum();
-    (last + 1) * elem_size
-}
-
 impl VulkanServer {
     /// One write: `data` (the descriptor's compact bytes) copied into the linear staging and a
     /// copy from there recorded. `data` is read only during the call.
@@ -59,8 +46,7 @@ impl VulkanServer {
             return Ok(());
         }
         let (src, src_offset) = self.recorder.linear.push(&self.ctx, data, 16)?;
-        let regions: Vec<vk::BufferCopy> = if is_contiguous(&descriptor.shape, &descriptor.strides)
-        {
+        let regions: Vec<vk::BufferCopy> = if descriptor.is_contiguous() {
             vec![vk::BufferCopy {
                 src_offset,
                 dst_offset: target.offset,
@@ -157,9 +143,7 @@ impl ServerTransfer for VulkanServer {
             self.recorder.recycle();
             let mut parts = Vec::with_capacity(descriptors.len());
             for (descriptor, source) in descriptors.into_iter().zip(sources) {
-                let span =
-                    strided_span(&descriptor.shape, &descriptor.strides, descriptor.elem_size)
-                        as u64;
+                let span = descriptor.validated_span() as u64;
                 if span == 0 {
                     parts.push(None);
                     continue;
@@ -198,26 +182,11 @@ impl ServerTransfer for VulkanServer {
                     out.push(Bytes::from_vec(Vec::new()));
                     continue;
                 };
-                let span =
-                    strided_span(&descriptor.shape, &descriptor.strides, descriptor.elem_size);
+                let span = descriptor.validated_span();
                 let raw = staging.read(0, span);
-                if is_contiguous(&descriptor.shape, &descriptor.strides) {
-                    // Fresh host pages fault slowly on one thread (1.3 GB/s for 1 GiB on the H200 host).
-                    out.push(Bytes::from_slice_parallel(raw));
-                } else {
-                    let mut buf =
-                        compute_core::bytes::AlignedBuf::zeroed(descriptor.compact_size());
-                    let dst = buf.as_mut_slice();
-                    for_each_row(
-                        &descriptor.shape,
-                        &descriptor.strides,
-                        descriptor.elem_size,
-                        |s, c, n| {
-                            dst[c..c + n].copy_from_slice(&raw[s..s + n]);
-                        },
-                    );
-                    out.push(Bytes::from_aligned(buf));
-                }
+                // Fresh host pages fault slowly on one thread (1.3 GB/s for 1 GiB on the H200
+                // host): a compact read is copied in parallel.
+                out.push(descriptor.gather(raw));
             }
             Ok(out)
         })

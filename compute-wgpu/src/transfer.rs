@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use compute_core::backend::ServerKit;
 use compute_core::future::{DynFut, oneshot};
-use compute_core::layout::{contiguous_strides, for_each_row};
+use compute_core::layout::for_each_row;
 use compute_core::server::HostWrite;
 use compute_core::{Bytes, CopyDescriptor, ServerError, ServerTransfer, StreamId};
 
@@ -73,19 +73,6 @@ pub(crate) enum ReadPart {
         span: usize,
         descriptor: CopyDescriptor,
     },
-}
-
-pub(crate) fn is_contiguous(shape: &[usize], strides: &[usize]) -> bool {
-    strides == contiguous_strides(shape).0.as_slice()
-}
-
-/// Bytes from the first to one past the last element of a strided tensor.
-pub(crate) fn strided_span(shape: &[usize], strides: &[usize], elem_size: usize) -> usize {
-    if shape.contains(&0) {
-        return 0;
-    }
-    let last: usize = shape.iter().zip(strides).map(|(n, s)| (n - 1) * s).sum();
-    (last + 1) * elem_size
 }
 
 /// The bytes of a write that fall into 4-byte words it covers only partly, by word offset in the
@@ -251,7 +238,7 @@ impl ServerTransfer for WgpuServer {
             }
             let mut parts = Vec::new();
             let mut edges = EdgeWords::new();
-            if is_contiguous(&descriptor.shape, &descriptor.strides) {
+            if descriptor.is_contiguous() {
                 plan_write(&target, 0, 0, bytes.len(), &mut parts, &mut edges);
             } else {
                 let mut rows = Vec::new();
@@ -303,8 +290,7 @@ impl ServerTransfer for WgpuServer {
             let sources = CopyDescriptor::read_sources(&descriptors, |b| self.resolve(b))?;
             let mut staged = Vec::with_capacity(descriptors.len());
             for (descriptor, source) in descriptors.iter().zip(&sources) {
-                let span =
-                    strided_span(&descriptor.shape, &descriptor.strides, descriptor.elem_size);
+                let span = descriptor.validated_span();
                 if span == 0 {
                     staged.push(None);
                 } else {
@@ -370,25 +356,10 @@ impl ServerTransfer for WgpuServer {
                                 ServerError::Driver(format!("reading a readback buffer: {e}"))
                             })?;
                             let raw = &view[delta..delta + span];
-                            if is_contiguous(&descriptor.shape, &descriptor.strides) {
-                                // Mapped readback memory of a discrete GPU reads slowly on one
-                                // thread (1.4 GB/s on the H200's Vulkan driver).
-                                Bytes::from_slice_parallel(raw)
-                            } else {
-                                let mut buf = compute_core::bytes::AlignedBuf::zeroed(
-                                    descriptor.compact_size(),
-                                );
-                                let dst = buf.as_mut_slice();
-                                for_each_row(
-                                    &descriptor.shape,
-                                    &descriptor.strides,
-                                    descriptor.elem_size,
-                                    |s, c, n| {
-                                        dst[c..c + n].copy_from_slice(&raw[s..s + n]);
-                                    },
-                                );
-                                Bytes::from_aligned(buf)
-                            }
+                            // Mapped readback memory of a discrete GPU reads slowly on one
+                            // thread (1.4 GB/s on the H200's Vulkan driver): a compact read is
+                            // copied in parallel.
+                            descriptor.gather(raw)
                         };
                         staging.unmap();
                         out.push(bytes);

@@ -226,6 +226,12 @@ pub trait ServerMemory: ServerKit {
 /// bytes.
 pub type HostWrite = (CopyDescriptor, Bytes);
 
+/// The future of [`ServerTransfer::read`]: the compact bytes of each copy.
+pub type ReadFuture = DynFut<Result<Vec<Bytes>, ServerError>>;
+
+/// The future of [`ServerProfile::profile_end`]: the profile's duration.
+pub type ProfileFuture = DynFut<Result<ProfileDuration, ProfileError>>;
+
 /// The transfer role: copies between host and device.
 pub trait ServerTransfer {
     /// Enqueue host-to-device copies. `data` is compact (no padding); the descriptor's strides say
@@ -247,11 +253,7 @@ pub trait ServerTransfer {
 
     /// Enqueue device-to-host copies, ordered after the work already on `stream` (and after the
     /// last use of each buffer on any other stream). Each result is compact (padding removed).
-    fn read(
-        &mut self,
-        descriptors: Vec<CopyDescriptor>,
-        stream: StreamId,
-    ) -> DynFut<Result<Vec<Bytes>, ServerError>>;
+    fn read(&mut self, descriptors: Vec<CopyDescriptor>, stream: StreamId) -> ReadFuture;
 }
 
 /// The graph role: capture and replay.
@@ -293,11 +295,7 @@ pub trait ServerProfile {
     fn profile_start(&mut self, stream: StreamId) -> Result<ProfileToken, ProfileError>;
 
     /// A future of the time between `token` and the end of the work queued on `stream` since.
-    fn profile_end(
-        &mut self,
-        token: ProfileToken,
-        stream: StreamId,
-    ) -> DynFut<Result<ProfileDuration, ProfileError>>;
+    fn profile_end(&mut self, token: ProfileToken, stream: StreamId) -> ProfileFuture;
 }
 
 /// The collective role: all-reduce between devices.

@@ -2,9 +2,9 @@
 //! marker after `profile_end`.
 
 use compute_core::backend::ServerKit;
-use compute_core::future::DynFut;
 use compute_core::profile::{ProfileToken, host_profile};
-use compute_core::{ComputeServer, ProfileDuration, ProfileError, ServerProfile, StreamId};
+use compute_core::server::ProfileFuture;
+use compute_core::{ComputeServer, ProfileError, ServerProfile, StreamId};
 
 use crate::server::CpuServer;
 
@@ -14,11 +14,7 @@ impl ServerProfile for CpuServer {
         Ok(self.profiles.start(None))
     }
 
-    fn profile_end(
-        &mut self,
-        token: ProfileToken,
-        stream: StreamId,
-    ) -> DynFut<Result<ProfileDuration, ProfileError>> {
+    fn profile_end(&mut self, token: ProfileToken, stream: StreamId) -> ProfileFuture {
         match self.profiles.end(token) {
             Ok((start, _)) => host_profile(start, self.sync(stream)),
             Err(e) => Box::pin(core::future::ready(Err(e))),

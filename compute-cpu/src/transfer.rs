@@ -2,9 +2,10 @@
 //! "device" memory is host memory, so a copy is a strided row copy run on the stream's worker.
 
 use compute_core::backend::ServerKit;
-use compute_core::future::{DynFut, oneshot};
+use compute_core::future::oneshot;
 use compute_core::layout::{contiguous_strides, for_each_row};
 use compute_core::server::HostWrite;
+use compute_core::server::ReadFuture;
 use compute_core::{Binding, Bytes, CopyDescriptor, ServerError, ServerTransfer, StreamId};
 
 use crate::server::{CpuServer, worker_gone};
@@ -79,11 +80,7 @@ impl ServerTransfer for CpuServer {
         Ok(())
     }
 
-    fn read(
-        &mut self,
-        descriptors: Vec<CopyDescriptor>,
-        stream: StreamId,
-    ) -> DynFut<Result<Vec<Bytes>, ServerError>> {
+    fn read(&mut self, descriptors: Vec<CopyDescriptor>, stream: StreamId) -> ReadFuture {
         let prepared = (|| {
             self.ensure_not_capturing(stream, "read")?;
             let sources = CopyDescriptor::read_sources(&descriptors, |b| self.resolve(b))?;

@@ -2,9 +2,9 @@
 //! ring, strided tensors as 2-D copies of row blocks) and `read` into pinned buffers.
 
 use compute_core::backend::ServerKit;
-use compute_core::future::DynFut;
 use compute_core::layout::contiguous_strides;
 use compute_core::server::HostWrite;
+use compute_core::server::ReadFuture;
 use compute_core::{
     Binding, Bytes, BytesKind, CopyDescriptor, ServerError, ServerTransfer, StreamId,
 };
@@ -266,7 +266,7 @@ impl CudaServer {
         &mut self,
         descriptors: Vec<CopyDescriptor>,
         stream: StreamId,
-    ) -> Result<DynFut<Result<Vec<Bytes>, ServerError>>, ServerError> {
+    ) -> Result<ReadFuture, ServerError> {
         self.settle()?;
         crate::driver::take_release_error()?;
         self.ensure_not_capturing(stream, "read")?;
@@ -312,11 +312,7 @@ impl CudaServer {
 }
 
 impl ServerTransfer for CudaServer {
-    fn read(
-        &mut self,
-        descriptors: Vec<CopyDescriptor>,
-        stream: StreamId,
-    ) -> DynFut<Result<Vec<Bytes>, ServerError>> {
+    fn read(&mut self, descriptors: Vec<CopyDescriptor>, stream: StreamId) -> ReadFuture {
         match self.read_inner(descriptors, stream) {
             Ok(future) => future,
             Err(e) => ready(Err(e)),

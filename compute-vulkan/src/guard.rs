@@ -6,8 +6,8 @@
 //! indirect validation does, plus the report.
 
 use compute_core::backend::ServerKit;
-use compute_core::future::DynFut;
 use compute_core::kernel::{KernelBuilder, KernelDefinition};
+use compute_core::server::ReadFuture;
 use compute_core::{
     Binding, Bytes, ComputeServer, CubeCount, ElemType, ExecutionMode, Handle, KernelArguments,
     KernelLaunch, ServerError, ServerTransfer, StreamId,
@@ -135,10 +135,7 @@ impl VulkanServer {
 
     /// When an indirect launch was recorded since the status was last read: a read of the
     /// guard's status, and a write clearing it after the read.
-    pub(crate) fn read_guard_status(
-        &mut self,
-        stream: StreamId,
-    ) -> Option<DynFut<Result<Vec<Bytes>, ServerError>>> {
+    pub(crate) fn read_guard_status(&mut self, stream: StreamId) -> Option<ReadFuture> {
         let guard = self.guard.as_mut()?;
         if !guard.unread {
             return None;

@@ -5,9 +5,9 @@ use std::sync::Arc;
 
 use ash::vk;
 use compute_core::backend::ServerKit;
-use compute_core::future::DynFut;
 use compute_core::profile::{ProfileToken, device_profile, end_profile};
-use compute_core::{ProfileDuration, ProfileError, ServerError, ServerProfile, StreamId};
+use compute_core::server::ProfileFuture;
+use compute_core::{ProfileError, ServerError, ServerProfile, StreamId};
 
 use crate::batch::stage;
 use crate::context::Context;
@@ -65,11 +65,7 @@ impl ServerProfile for VulkanServer {
     }
 
     /// [`ServerProfile::profile_end`](compute_core::ServerProfile::profile_end).
-    fn profile_end(
-        &mut self,
-        token: ProfileToken,
-        stream: StreamId,
-    ) -> DynFut<Result<ProfileDuration, ProfileError>> {
+    fn profile_end(&mut self, token: ProfileToken, stream: StreamId) -> ProfileFuture {
         end_profile(
             self,
             |s| &mut s.profiles,
@@ -82,10 +78,7 @@ impl ServerProfile for VulkanServer {
 
 impl VulkanServer {
     /// The device-timed end of a profile: the closing timestamp, then the two read back.
-    fn finish_timestamps(
-        &mut self,
-        queries: QueryPool,
-    ) -> DynFut<Result<ProfileDuration, ProfileError>> {
+    fn finish_timestamps(&mut self, queries: QueryPool) -> ProfileFuture {
         let recorded = (|| {
             self.timestamp(queries.pool, 1)?;
             self.submit_or_last()

@@ -5,9 +5,9 @@ use std::sync::Arc;
 
 use ash::vk;
 use compute_core::backend::ServerKit;
-use compute_core::future::DynFut;
 use compute_core::layout::for_each_row;
 use compute_core::server::HostWrite;
+use compute_core::server::ReadFuture;
 use compute_core::{Bytes, CopyDescriptor, ServerError, ServerTransfer, StreamId};
 
 use crate::batch::{Staging, stage};
@@ -125,11 +125,7 @@ impl ServerTransfer for VulkanServer {
     }
 
     /// [`ServerTransfer::read`](compute_core::ServerTransfer::read).
-    fn read(
-        &mut self,
-        descriptors: Vec<CopyDescriptor>,
-        stream: StreamId,
-    ) -> DynFut<Result<Vec<Bytes>, ServerError>> {
+    fn read(&mut self, descriptors: Vec<CopyDescriptor>, stream: StreamId) -> ReadFuture {
         // Read before the data (the status read takes a queued error first); cleared after.
         let guard = match self.ensure_not_capturing(stream, "read") {
             Ok(()) => self.read_guard_status(stream),

@@ -3,9 +3,9 @@
 //! has no timestamp queries.
 
 use compute_core::backend::ServerKit;
-use compute_core::future::DynFut;
 use compute_core::profile::{ProfileToken, device_profile, end_profile};
-use compute_core::{ProfileDuration, ProfileError, ServerError, ServerProfile, StreamId};
+use compute_core::server::ProfileFuture;
+use compute_core::{ProfileError, ServerError, ServerProfile, StreamId};
 
 use crate::batch::Command;
 use crate::poller::gone;
@@ -36,11 +36,7 @@ impl ServerProfile for WgpuServer {
 
     /// `profile_end`: the closing timestamp, resolved and read back; the host's clock around a
     /// sync without timestamp queries.
-    fn profile_end(
-        &mut self,
-        token: ProfileToken,
-        stream: StreamId,
-    ) -> DynFut<Result<ProfileDuration, ProfileError>> {
+    fn profile_end(&mut self, token: ProfileToken, stream: StreamId) -> ProfileFuture {
         end_profile(
             self,
             |s| &mut s.profiles,
@@ -53,10 +49,7 @@ impl ServerProfile for WgpuServer {
 
 impl WgpuServer {
     /// The device-timed end of a profile: the closing timestamp, then the two read back.
-    fn finish_timestamps(
-        &mut self,
-        set: wgpu::QuerySet,
-    ) -> DynFut<Result<ProfileDuration, ProfileError>> {
+    fn finish_timestamps(&mut self, set: wgpu::QuerySet) -> ProfileFuture {
         let recorded = (|| {
             self.push(Command::Timestamp {
                 set: set.clone(),

@@ -9,9 +9,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use compute_core::backend::ServerKit;
-use compute_core::future::{DynFut, oneshot};
+use compute_core::future::oneshot;
 use compute_core::layout::for_each_row;
 use compute_core::server::HostWrite;
+use compute_core::server::ReadFuture;
 use compute_core::{Bytes, CopyDescriptor, ServerError, ServerTransfer, StreamId};
 
 use crate::batch::Command;
@@ -279,11 +280,7 @@ impl ServerTransfer for WgpuServer {
 
     /// `read`: copies into staging buffers, submitted at once, mapped and gathered (compact)
     /// once the submission completed.
-    fn read(
-        &mut self,
-        descriptors: Vec<CopyDescriptor>,
-        stream: StreamId,
-    ) -> DynFut<Result<Vec<Bytes>, ServerError>> {
+    fn read(&mut self, descriptors: Vec<CopyDescriptor>, stream: StreamId) -> ReadFuture {
         let prepared = (|| {
             self.ensure_not_capturing(stream, "read")?;
             self.take_error()?;

@@ -49,16 +49,10 @@ impl ComputeStorage for CudaStorage {
 
     fn get(&mut self, handle: &StorageHandle) -> Option<CudaResource> {
         let &(base, size) = self.blocks.get(&handle.id)?;
-        let end = handle
-            .utilization
-            .offset
-            .checked_add(handle.utilization.size)?;
-        if end > size {
-            return None;
-        }
+        let (offset, len) = handle.within(size)?;
         Some(CudaResource {
-            ptr: base + handle.utilization.offset,
-            len: handle.utilization.size,
+            ptr: base + offset,
+            len,
         })
     }
 

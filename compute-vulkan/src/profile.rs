@@ -4,8 +4,7 @@
 use std::sync::Arc;
 
 use ash::vk;
-use compute_core::backend::ServerKit;
-use compute_core::profile::{ProfileToken, device_profile, end_profile};
+use compute_core::profile::{ProfileToken, device_profile, end_profile, start_profile};
 use compute_core::server::ProfileFuture;
 use compute_core::{ProfileError, ServerError, ServerProfile, StreamId};
 
@@ -53,15 +52,7 @@ impl VulkanServer {
 impl ServerProfile for VulkanServer {
     /// [`ServerProfile::profile_start`](compute_core::ServerProfile::profile_start).
     fn profile_start(&mut self, stream: StreamId) -> Result<ProfileToken, ProfileError> {
-        self.ensure_not_capturing(stream, "profile")?;
-        let queries = if self.properties.features.device_timestamps {
-            let pool = self.profile_queries()?;
-            self.timestamp(pool.pool, 0)?;
-            Some(pool)
-        } else {
-            None
-        };
-        Ok(self.profiles.start(queries))
+        start_profile(self, stream, |s| &mut s.profiles, Self::start_timestamps)
     }
 
     /// [`ServerProfile::profile_end`](compute_core::ServerProfile::profile_end).
@@ -77,6 +68,16 @@ impl ServerProfile for VulkanServer {
 }
 
 impl VulkanServer {
+    /// The opening timestamp of a profile, when the device has timestamp queries.
+    fn start_timestamps(&mut self) -> Result<Option<QueryPool>, ProfileError> {
+        if !self.properties.features.device_timestamps {
+            return Ok(None);
+        }
+        let pool = self.profile_queries()?;
+        self.timestamp(pool.pool, 0)?;
+        Ok(Some(pool))
+    }
+
     /// The device-timed end of a profile: the closing timestamp, then the two read back.
     fn finish_timestamps(&mut self, queries: QueryPool) -> ProfileFuture {
         let recorded = (|| {

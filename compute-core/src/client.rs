@@ -11,7 +11,7 @@ use std::sync::Arc;
 use hashbrown::HashMap;
 
 use crate::bytes::Bytes;
-use crate::collective::ReduceOperation;
+use crate::collective::{AllReduce, ReduceOperation};
 use crate::device::{Device, DeviceId, registry_get_or_create, registry_set};
 use crate::elem::ElemType;
 use crate::error::{LayoutError, ProfileError, ServerError};
@@ -29,7 +29,8 @@ use crate::profile::ProfileDuration;
 use crate::properties::{DeviceProperties, Features, VectorSize};
 use crate::runtime::Runtime;
 use crate::server::{
-    ComputeServer, ServerCollective, ServerGraph, ServerMemory, ServerProfile, ServerTransfer,
+    ComputeServer, KernelLaunch, ServerCollective, ServerGraph, ServerMemory, ServerProfile,
+    ServerTransfer,
 };
 use crate::storage::{ComputeStorage, ManagedResource};
 use crate::stream::{RetireSink, StreamId, register_sink};
@@ -902,7 +903,14 @@ impl<R: Runtime> ComputeClient<R> {
             .check_owner(owner)
             .and_then(|()| dst.check_owner(owner))
             .and_then(|()| {
-                self.with_server(|s| s.all_reduce(src, dst, dtype, device_ids, op, stream))
+                let reduce = AllReduce {
+                    src,
+                    dst,
+                    dtype,
+                    devices: device_ids,
+                    op,
+                };
+                self.with_server(|s| s.all_reduce(reduce, stream))
             });
         self.defer(stream, result);
     }
@@ -924,9 +932,15 @@ impl<R: Runtime> ComputeClient<R> {
         if let (Ok(()), CubeCount::Dynamic(binding)) = (&result, &count) {
             result = binding.check_owner(owner);
         }
+        let launch = KernelLaunch {
+            kernel,
+            count,
+            arguments: bindings,
+            mode,
+        };
         let result = result.and_then(|()| {
             // SAFETY: for `Unchecked`, the caller of `launch_unchecked` upholds its contract.
-            self.with_server(|s| unsafe { s.launch(kernel, count, bindings, mode, stream) })
+            self.with_server(|s| unsafe { s.launch(launch, stream) })
         });
         self.defer(stream, result);
     }

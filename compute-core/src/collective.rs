@@ -18,7 +18,8 @@ use serde::{Deserialize, Serialize};
 use crate::device::DeviceId;
 use crate::elem::ElemType;
 use crate::error::ServerError;
-use crate::future::{Receiver, Sender};
+use crate::future::{DynFut, Receiver, Sender};
+use crate::handle::Binding;
 use crate::memory::SliceId;
 
 mod error;
@@ -536,6 +537,39 @@ impl GroupScope {
     }
 }
 
+/// One device's part of an all-reduce, as
+/// [`ServerCollective::all_reduce`](crate::ServerCollective::all_reduce) receives it.
+#[derive(Debug, Clone)]
+pub struct AllReduce {
+    /// This device's contribution.
+    pub src: Binding,
+    /// Where this device's result goes.
+    pub dst: Binding,
+    /// The element type of `src` and `dst`.
+    pub dtype: ElemType,
+    /// The group's devices (this server's device among them), as the caller named them.
+    pub devices: Vec<DeviceId>,
+    /// How the contributions are combined.
+    pub op: ReduceOperation,
+}
+
+impl AllReduce {
+    /// [`check_all_reduce`] for this all-reduce over `group` (its devices, checked), which was
+    /// `initialised` or not.
+    ///
+    /// # Errors
+    /// See [`check_all_reduce`].
+    pub fn check(&self, group: &[DeviceId], initialised: bool) -> Result<(), ServerError> {
+        check_all_reduce(
+            group,
+            initialised,
+            self.src.size(),
+            self.dst.size(),
+            self.dtype,
+        )
+    }
+}
+
 /// The arguments of an all-reduce over `group`, checked once for every backend: the group was
 /// initialised (`initialised`), and input and output are the same whole number of elements.
 pub fn check_all_reduce(
@@ -602,17 +636,14 @@ impl<K: Eq + Hash + Clone, R: Send + 'static> HostCollectives<K, R> {
         self.groups.contains(group)
     }
 
-    /// The group of an all-reduce over `devices`: checked in the server's scope, then
+    /// The group of `reduce`: its devices checked in the server's scope, then
     /// [`check_all_reduce`] (initialised here, sizes that agree).
-    pub fn check_all_reduce(
-        &self,
-        devices: &[DeviceId],
-        src: u64,
-        dst: u64,
-        dtype: ElemType,
-    ) -> Result<Vec<DeviceId>, ServerError> {
-        let group = self.scope.check(devices)?;
-        check_all_reduce(&group, self.is_init(&group), src, dst, dtype)?;
+    ///
+    /// # Errors
+    /// See [`check_group`] and [`check_all_reduce`].
+    pub fn check_all_reduce(&self, reduce: &AllReduce) -> Result<Vec<DeviceId>, ServerError> {
+        let group = self.scope.check(&reduce.devices)?;
+        reduce.check(&group, self.is_init(&group))?;
         Ok(group)
     }
 
@@ -720,6 +751,16 @@ impl<K: Eq + Hash + Clone, R: Send + 'static> HostCollectives<K, R> {
         }
         marker.reach(&self.errors);
         rx
+    }
+
+    /// `sync_collective`: a future of [`marker`](Self::marker), an error when the workers went
+    /// away without answering.
+    pub fn sync(&mut self) -> DynFut<Result<(), ServerError>> {
+        let rx = self.marker();
+        Box::pin(async move {
+            rx.await
+                .unwrap_or_else(|| Err(ServerError::Driver("the collective worker stopped".into())))
+        })
     }
 
     /// Stop the workers after the rounds queued so far, and wait for them.

@@ -483,6 +483,15 @@ pub fn take_first(queue: &mut std::collections::VecDeque<ServerError>) -> Option
     Some(first)
 }
 
+/// [`take_first`] as the result of the call that reports: the first queued error, `Ok` when
+/// none is queued.
+///
+/// # Errors
+/// The first error of `queue`.
+pub fn take_result(queue: &mut std::collections::VecDeque<ServerError>) -> Result<(), ServerError> {
+    take_first(queue).map_or(Ok(()), Err)
+}
+
 /// How many queued errors [`take_first`] has discarded in this process (each report returns
 /// the first error of its stream; the ones queued behind it are dropped and counted here).
 pub fn discarded_errors() -> u64 {

@@ -235,6 +235,33 @@ impl CopyDescriptor {
         self.shape.num_elements().wrapping_mul(self.elem_size)
     }
 
+    /// Whether the strides are the row-major strides of the shape without padding: the tensor's
+    /// bytes are one compact run.
+    pub fn is_contiguous(&self) -> bool {
+        self.strides.0 == crate::layout::contiguous_strides(&self.shape).0
+    }
+
+    /// [`span`](Self::span) of a [validated](Self::validate) descriptor (which cannot
+    /// overflow).
+    pub fn validated_span(&self) -> usize {
+        self.span().unwrap_or(0)
+    }
+
+    /// The compact bytes of this tensor, read from `strided`, which holds its strided span
+    /// from the first element: a contiguous tensor is copied on several threads (fresh host
+    /// pages and mapped readback memory are slow to touch from one), a strided one row by row.
+    pub fn gather(&self, strided: &[u8]) -> crate::bytes::Bytes {
+        if self.is_contiguous() {
+            return crate::bytes::Bytes::from_slice_parallel(strided);
+        }
+        let mut buf = crate::bytes::AlignedBuf::zeroed(self.compact_size());
+        let dst = buf.as_mut_slice();
+        crate::layout::for_each_row(&self.shape, &self.strides, self.elem_size, |s, c, n| {
+            dst[c..c + n].copy_from_slice(&strided[s..s + n]);
+        });
+        crate::bytes::Bytes::from_aligned(buf)
+    }
+
     /// Bytes from the first to one past the last element, `None` on overflow or when shape and
     /// strides differ in rank.
     pub fn span(&self) -> Option<usize> {
@@ -242,6 +269,23 @@ impl CopyDescriptor {
             return None;
         }
         crate::layout::strided_span(&self.shape, &self.strides, self.elem_size)
+    }
+
+    /// The sources of a read, in order: each descriptor [validated](Self::validate), then its
+    /// binding resolved by `resolve` (the backend's resolve).
+    ///
+    /// # Errors
+    /// The first descriptor's validation error or resolve error.
+    pub fn read_sources<R>(
+        descriptors: &[CopyDescriptor],
+        mut resolve: impl FnMut(&Binding) -> Result<R, ServerError>,
+    ) -> Result<Vec<R>, ServerError> {
+        let mut sources = Vec::with_capacity(descriptors.len());
+        for descriptor in descriptors {
+            descriptor.validate()?;
+            sources.push(resolve(&descriptor.binding)?);
+        }
+        Ok(sources)
     }
 
     /// Check the descriptor fits its memory and is row-major, as the runtime lays tensors out.

@@ -61,7 +61,8 @@ pub use profile::{ProfileDuration, TimingMethod};
 pub use properties::{DeviceProperties, Features, HardwareProperties, VectorSize};
 pub use runtime::Runtime;
 pub use server::{
-    ComputeServer, ServerCollective, ServerGraph, ServerMemory, ServerProfile, ServerTransfer,
+    ComputeServer, HostWrite, KernelLaunch, ProfileFuture, ReadFuture, ServerCollective,
+    ServerGraph, ServerMemory, ServerProfile, ServerTransfer,
 };
 pub use storage::{ComputeStorage, ManagedResource, StorageHandle, StorageId};
 pub use stream::StreamId;

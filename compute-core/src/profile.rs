@@ -104,6 +104,24 @@ pub fn host_profile(
     })
 }
 
+/// `profile_start` by the rule every backend with a [`ProfileTable`] shares: refused while a
+/// capture runs on `stream` (the kit's capture rule), then a profile started in the table
+/// `table` picks out of `server`, with the device timestamps `device` records for it (`None`
+/// where the device has no timestamp queries: [`end_profile`] then times it on the host).
+///
+/// # Errors
+/// [`CaptureError::Running`](crate::CaptureError::Running), or the error of `device`.
+pub fn start_profile<S: crate::backend::ServerKit, Q>(
+    server: &mut S,
+    stream: crate::StreamId,
+    table: impl FnOnce(&mut S) -> &mut ProfileTable<Q>,
+    device: impl FnOnce(&mut S) -> Result<Option<Q>, crate::ProfileError>,
+) -> Result<ProfileToken, crate::ProfileError> {
+    server.ensure_not_capturing(stream, "profile")?;
+    let queries = device(server)?;
+    Ok(table(server).start(queries))
+}
+
 /// `profile_end` by the rule every backend with a [`ProfileTable`] shares: end `token` in the
 /// table `table` picks out of `server`; a profile started without device timestamps (`None`, a
 /// device without timestamp queries) is timed on the host until a sync of `stream` completes,

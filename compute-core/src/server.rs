@@ -14,22 +14,21 @@
 
 use crate::backend::ServerKit;
 use crate::bytes::Bytes;
-use crate::collective::ReduceOperation;
+use crate::collective::AllReduce;
 use crate::device::DeviceId;
-use crate::elem::ElemType;
 use crate::error::{ProfileError, ServerError};
 use crate::future::DynFut;
 use crate::graph::GraphId;
 use crate::handle::{
     Binding, CopyDescriptor, CubeCount, ExecutionMode, Handle, HandleOwner, KernelArguments,
 };
-use crate::kernel::KernelDefinition;
+use crate::kernel::{BackendKernel, KernelDefinition};
 use crate::layout::{MemoryLayout, MemoryLayoutDescriptor};
 use crate::memory::{
     HostMemoryUsage, MemoryAllocationMode, MemoryPoolsConfig, MemoryUsage, PoolConfigError,
 };
 use crate::profile::{ProfileDuration, ProfileToken};
-use crate::properties::DeviceProperties;
+use crate::properties::{DeviceProperties, HardwareProperties};
 use crate::storage::ComputeStorage;
 use crate::stream::StreamId;
 
@@ -61,8 +60,11 @@ pub trait ComputeServer:
     /// Backend information.
     fn info(&self) -> Self::Info;
 
-    /// Device properties, read once when the client is created.
-    fn properties(&self) -> DeviceProperties;
+    /// Device properties, read once when the client is created; the default is the properties
+    /// the kit's streams were made with.
+    fn properties(&self) -> DeviceProperties {
+        self.kit_streams().properties().clone()
+    }
 
     /// Who owns the handles this server creates (its device and instance id); the default is
     /// the owner the kit's streams create handles for.
@@ -84,10 +86,7 @@ pub trait ComputeServer:
     /// access and terminates.
     unsafe fn launch(
         &mut self,
-        kernel: Self::Kernel,
-        count: CubeCount,
-        arguments: KernelArguments,
-        mode: ExecutionMode,
+        launch: KernelLaunch<Self::Kernel>,
         stream: StreamId,
     ) -> Result<(), ServerError>;
 
@@ -96,6 +95,36 @@ pub trait ComputeServer:
 
     /// A future that completes when everything submitted to `stream` so far has run.
     fn sync(&mut self, stream: StreamId) -> DynFut<Result<(), ServerError>>;
+}
+
+/// One kernel launch as [`ComputeServer::launch`] receives it.
+pub struct KernelLaunch<K> {
+    /// The kernel to run.
+    pub kernel: K,
+    /// How many cubes run it.
+    pub count: CubeCount,
+    /// Its buffers and scalars, in the order of its parameters.
+    pub arguments: KernelArguments,
+    /// Whether its accesses are bounds-checked.
+    pub mode: ExecutionMode,
+}
+
+impl<B> KernelLaunch<BackendKernel<B>> {
+    /// The launch's kernel, count, arguments and mode, after the checks every backend makes
+    /// before it records a launch: the arguments match the kernel's parameters and the count is
+    /// within `hardware`'s limits. (The kernel's own limits, cube dimensions and shared and
+    /// private memory, are checked once, when it is compiled.)
+    ///
+    /// # Errors
+    /// [`ServerError::Launch`] naming what does not match.
+    pub fn checked(
+        self,
+        hardware: &HardwareProperties,
+    ) -> Result<(BackendKernel<B>, CubeCount, KernelArguments, ExecutionMode), ServerError> {
+        self.kernel.definition().check_arguments(&self.arguments)?;
+        self.count.check(hardware)?;
+        Ok((self.kernel, self.count, self.arguments, self.mode))
+    }
 }
 
 /// The memory role: allocation, pools, streams' lifetimes and host staging.
@@ -193,15 +222,21 @@ pub trait ServerMemory: ServerKit {
     }
 }
 
+/// One host-to-device copy of [`ServerTransfer::write`]: where the bytes land, and the compact
+/// bytes.
+pub type HostWrite = (CopyDescriptor, Bytes);
+
+/// The future of [`ServerTransfer::read`]: the compact bytes of each copy.
+pub type ReadFuture = DynFut<Result<Vec<Bytes>, ServerError>>;
+
+/// The future of [`ServerProfile::profile_end`]: the profile's duration.
+pub type ProfileFuture = DynFut<Result<ProfileDuration, ProfileError>>;
+
 /// The transfer role: copies between host and device.
 pub trait ServerTransfer {
     /// Enqueue host-to-device copies. `data` is compact (no padding); the descriptor's strides say
     /// where each row lands. Later work on `stream` sees the data.
-    fn write(
-        &mut self,
-        writes: Vec<(CopyDescriptor, Bytes)>,
-        stream: StreamId,
-    ) -> Result<(), ServerError>;
+    fn write(&mut self, writes: Vec<HostWrite>, stream: StreamId) -> Result<(), ServerError>;
 
     /// Enqueue one host-to-device copy from borrowed bytes, read only before this returns: the
     /// path behind `create_from_slice`. The default copies `data` into owned [`Bytes`] and calls
@@ -218,11 +253,7 @@ pub trait ServerTransfer {
 
     /// Enqueue device-to-host copies, ordered after the work already on `stream` (and after the
     /// last use of each buffer on any other stream). Each result is compact (padding removed).
-    fn read(
-        &mut self,
-        descriptors: Vec<CopyDescriptor>,
-        stream: StreamId,
-    ) -> DynFut<Result<Vec<Bytes>, ServerError>>;
+    fn read(&mut self, descriptors: Vec<CopyDescriptor>, stream: StreamId) -> ReadFuture;
 }
 
 /// The graph role: capture and replay.
@@ -264,11 +295,7 @@ pub trait ServerProfile {
     fn profile_start(&mut self, stream: StreamId) -> Result<ProfileToken, ProfileError>;
 
     /// A future of the time between `token` and the end of the work queued on `stream` since.
-    fn profile_end(
-        &mut self,
-        token: ProfileToken,
-        stream: StreamId,
-    ) -> DynFut<Result<ProfileDuration, ProfileError>>;
+    fn profile_end(&mut self, token: ProfileToken, stream: StreamId) -> ProfileFuture;
 }
 
 /// The collective role: all-reduce between devices.
@@ -282,15 +309,7 @@ pub trait ServerCollective {
 
     /// Enqueue this device's part of an all-reduce over `devices` on the communication stream,
     /// ordered after the work on `stream` that produced `src`.
-    fn all_reduce(
-        &mut self,
-        src: Binding,
-        dst: Binding,
-        dtype: ElemType,
-        devices: Vec<DeviceId>,
-        op: ReduceOperation,
-        stream: StreamId,
-    ) -> Result<(), ServerError>;
+    fn all_reduce(&mut self, reduce: AllReduce, stream: StreamId) -> Result<(), ServerError>;
 
     /// A future that completes when this device's collectives issued so far have finished.
     fn sync_collective(&mut self, stream: StreamId) -> DynFut<Result<(), ServerError>>;

@@ -41,6 +41,13 @@ pub struct StorageHandle {
 }
 
 impl StorageHandle {
+    /// The range's offset and size when it lies inside its block of `block_size` bytes (what a
+    /// storage's `get` checks before it hands the range out), `None` when it does not.
+    pub fn within(&self, block_size: u64) -> Option<(u64, u64)> {
+        let (offset, size) = (self.utilization.offset, self.utilization.size);
+        (offset.checked_add(size)? <= block_size).then_some((offset, size))
+    }
+
     /// Offset of the range from the start of its block.
     pub fn offset(&self) -> u64 {
         self.utilization.offset

@@ -1,11 +1,9 @@
 //! Collectives: one communication stream per group, each all-reduce a command on it that
 //! meets the other devices' contributions in the process-wide [`HostRendezvous`].
 
-use compute_core::collective::HostRendezvous;
+use compute_core::collective::{AllReduce, HostRendezvous};
 use compute_core::future::DynFut;
-use compute_core::{
-    Binding, DeviceId, ElemType, ReduceOperation, ServerCollective, ServerError, StreamId,
-};
+use compute_core::{DeviceId, ServerCollective, ServerError, StreamId};
 
 use crate::device::device_count;
 use crate::server::CpuServer;
@@ -31,42 +29,35 @@ impl ServerCollective for CpuServer {
         Ok(())
     }
 
-    fn all_reduce(
-        &mut self,
-        src: Binding,
-        dst: Binding,
-        dtype: ElemType,
-        devices: Vec<DeviceId>,
-        op: ReduceOperation,
-        _stream: StreamId,
-    ) -> Result<(), ServerError> {
-        let group = self.check_group(&devices)?;
+    fn all_reduce(&mut self, reduce: AllReduce, _stream: StreamId) -> Result<(), ServerError> {
+        let group = self.check_group(&reduce.devices)?;
         let comm = self.comm_streams.get(&group).copied();
-        compute_core::collective::check_all_reduce(
-            &group,
-            comm.is_some(),
-            src.size(),
-            dst.size(),
-            dtype,
-        )?;
+        reduce.check(&group, comm.is_some())?;
         let Some(comm) = comm else {
             unreachable!("check_all_reduce refuses a group that was not initialised")
         };
-        let source = self.resolve(&src)?;
-        let target = self.resolve(&dst)?;
+        let source = self.resolve(&reduce.src)?;
+        let target = self.resolve(&reduce.dst)?;
         let me = self.owner.device;
         let round = HostRendezvous::global().next_round(&group, me);
-        let (keep_src, keep_dst) = (src.clone(), dst.clone());
+        let (keep_src, keep_dst) = (reduce.src.clone(), reduce.dst.clone());
         let command: Command = Box::new(move || {
             let _alive = (&keep_src, &keep_dst);
             // SAFETY: the bindings keep both ranges alive; stream waits order their contents.
             let data = unsafe { core::slice::from_raw_parts(source.ptr(), source.len()) }.to_vec();
-            let out = HostRendezvous::global().all_reduce(&group, round, me, data, dtype, op)?;
+            let out = HostRendezvous::global().all_reduce(
+                &group,
+                round,
+                me,
+                data,
+                reduce.dtype,
+                reduce.op,
+            )?;
             // SAFETY: `target` holds `out.len()` bytes (sizes checked equal at submission).
             unsafe { core::ptr::copy_nonoverlapping(out.as_ptr(), target.ptr(), out.len()) };
             Ok(())
         });
-        self.submit(comm, &[&src, &dst], command)?;
+        self.submit(comm, &[&reduce.src, &reduce.dst], command)?;
         Ok(())
     }
 

@@ -15,13 +15,11 @@ pub(crate) type CpuGraph = Vec<Arc<RecordedLaunch>>;
 
 impl ServerGraph for CpuServer {
     fn end_capture(&mut self, stream: StreamId) -> Result<GraphId, ServerError> {
-        let launches = self.stream(stream)?.end_capture(stream)?;
-        Ok(self.graphs.insert(stream, launches))
+        self.kit_end_capture(stream)
     }
 
     fn graph_replay(&mut self, graph: GraphId, stream: StreamId) -> Result<(), ServerError> {
-        self.ensure_not_capturing(stream, "graph replay")?;
-        let launches = self.graphs.for_replay(graph, stream)?.clone();
+        let launches = self.kit_replay(graph, stream)?.clone();
         for launch in launches {
             let bindings: Vec<Binding> = launch.bindings().cloned().collect();
             let refs: Vec<&Binding> = bindings.iter().collect();

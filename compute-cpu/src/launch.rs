@@ -1,16 +1,20 @@
 //! Kernel launches: arguments resolved to host memory, the launch checks, and where a launch
-//! runs (the stream's worker, or the calling thread for a few units on an idle stream).
+//! runs (the stream's worker, or the calling thread for a few units on an idle stream); with
+//! them, the other [`ComputeServer`] core calls (`get_resource`, flush, sync).
 
 use std::sync::Arc;
 
 use compute_core::backend::ServerKit;
+use compute_core::future::DynFut;
 use compute_core::handle::BufferArgument;
-use compute_core::{Binding, CubeCount, ExecutionMode, KernelArguments, ServerError, StreamId};
+use compute_core::{
+    Binding, ComputeServer, CubeCount, ExecutionMode, KernelLaunch, ServerError, StreamId,
+};
 
 use crate::compiler::{self, BufferArg, Plan};
 use crate::kernel::CpuKernel;
-use crate::server::CpuServer;
-use crate::storage::CpuResource;
+use crate::server::{CpuInfo, CpuServer};
+use crate::storage::{CpuResource, CpuStorage};
 
 /// Launches of at most this many units run on the calling thread when their stream is idle.
 const INLINE_UNITS: u64 = 1024;
@@ -89,22 +93,51 @@ impl CpuServer {
         if let Some(plan) = self.plans.get(&kernel.id()) {
             return Ok(plan.clone());
         }
-        kernel.definition().validate(&self.properties.hardware)?;
+        kernel
+            .definition()
+            .validate(&self.streams.properties().hardware)?;
         let plan = Arc::new(compiler::compile(kernel.definition())?);
         self.plans.insert(kernel.id(), plan.clone());
         Ok(plan)
     }
+}
 
-    pub(crate) unsafe fn launch_kernel(
+impl ComputeServer for CpuServer {
+    type Kernel = CpuKernel;
+    type Storage = CpuStorage;
+    type Info = CpuInfo;
+
+    fn info(&self) -> CpuInfo {
+        CpuInfo {
+            device: self.device,
+            threads: rayon::current_num_threads(),
+            jit: compiler::jit::enabled(),
+            cpu_features: compiler::jit::features().describe(),
+        }
+    }
+
+    fn get_resource(
         &mut self,
-        kernel: CpuKernel,
-        count: CubeCount,
-        arguments: KernelArguments,
-        mode: ExecutionMode,
+        binding: Binding,
+        stream: StreamId,
+    ) -> Result<CpuResource, ServerError> {
+        let resource = self.resolve(&binding)?;
+        if let Some(point) = binding.handle().access().last()
+            && let Some(other) = self.streams.get(point.stream)
+        {
+            other.queue.progress().wait_for(point.seq);
+        }
+        self.stream(stream)?.queue.wait_idle();
+        Ok(resource)
+    }
+
+    unsafe fn launch(
+        &mut self,
+        launch: KernelLaunch<CpuKernel>,
         stream: StreamId,
     ) -> Result<(), ServerError> {
-        kernel.definition().check_arguments(&arguments)?;
-        count.check(&self.properties.hardware)?;
+        let (kernel, count, arguments, mode) =
+            launch.checked(&self.streams.properties().hardware)?;
         let cube_size = u64::from(kernel.definition().cube_size());
         let plan = self.plan(&kernel)?;
         let (count, count_binding) = match count {
@@ -154,5 +187,16 @@ impl CpuServer {
         };
         self.submit_with(stream, &refs, Box::new(move || launch.run()), small)?;
         Ok(())
+    }
+
+    fn flush(&mut self, stream: StreamId) -> Result<(), ServerError> {
+        self.stream(stream)?.queue.take_error().map_or(Ok(()), Err)
+    }
+
+    fn sync(&mut self, stream: StreamId) -> DynFut<Result<(), ServerError>> {
+        if let Err(e) = self.ensure_not_capturing(stream, "sync") {
+            return Box::pin(core::future::ready(Err(e)));
+        }
+        self.sync_marker(stream)
     }
 }

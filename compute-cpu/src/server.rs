@@ -2,8 +2,8 @@
 //! host-staged collectives.
 //!
 //! This file holds the struct, its construction, the stream and submission helpers, the
-//! [`ServerKit`] and the [`ComputeServer`] core calls. Each role trait is implemented in the file
-//! of its role: `storage.rs` (`ServerMemory`), `transfer.rs` (`ServerTransfer`), `graph.rs`
+//! [`ServerKit`]. The `ComputeServer` core calls (launch, `get_resource`, flush, sync) are in
+//! `launch.rs`; each role trait is implemented in the file of its role: `storage.rs` (`ServerMemory`), `transfer.rs` (`ServerTransfer`), `graph.rs`
 //! (`ServerGraph`), `profile.rs` (`ServerProfile`) and `collective.rs` (`ServerCollective`).
 
 use std::collections::BTreeMap;
@@ -14,16 +14,12 @@ use compute_core::future::{DynFut, oneshot};
 use compute_core::handle::{HandleOwner, StreamPoint};
 use compute_core::kernel::KernelId;
 use compute_core::profile::ProfileTable;
-use compute_core::{
-    Binding, ComputeServer, CubeCount, DeviceId, DeviceProperties, ExecutionMode, KernelArguments,
-    ServerError, StreamId,
-};
+use compute_core::{Binding, DeviceId, DeviceProperties, ServerError, StreamId};
 use hashbrown::HashMap;
 
-use crate::compiler::{self, Plan};
+use crate::compiler::Plan;
 use crate::device::CpuDevice;
 use crate::graph::CpuGraph;
-use crate::kernel::CpuKernel;
 use crate::launch::RecordedLaunch;
 use crate::storage::{CPU_ALIGNMENT, CpuResource, CpuStorage};
 use crate::worker::{Command, Progress, Worker};
@@ -50,7 +46,6 @@ pub(crate) type StreamState = StreamEntry<CpuStorage, Worker, Vec<Arc<RecordedLa
 pub struct CpuServer {
     pub(crate) device: CpuDevice,
     pub(crate) owner: HandleOwner,
-    pub(crate) properties: DeviceProperties,
     pub(crate) streams: Streams<CpuStorage, Worker, Vec<Arc<RecordedLaunch>>>,
     pub(crate) plans: HashMap<KernelId, Arc<Plan>>,
     pub(crate) graphs: Graphs<CpuGraph>,
@@ -67,8 +62,7 @@ impl CpuServer {
         Self {
             device,
             owner,
-            streams: Streams::new(owner, properties.memory.clone()),
-            properties,
+            streams: Streams::new(owner, properties),
             plans: HashMap::new(),
             graphs: Graphs::default(),
             profiles: ProfileTable::default(),
@@ -133,14 +127,6 @@ impl CpuServer {
         Ok(seq)
     }
 
-    pub(crate) fn ensure_not_capturing(
-        &self,
-        stream: StreamId,
-        what: &str,
-    ) -> Result<(), ServerError> {
-        self.streams.ensure_not_capturing(stream, what)
-    }
-
     pub(crate) fn sync_marker(&mut self, stream: StreamId) -> DynFut<Result<(), ServerError>> {
         let (tx, rx) = oneshot();
         let errors = match self.stream(stream) {
@@ -196,61 +182,8 @@ impl ServerKit for CpuServer {
     fn create_rules(&self) -> CreateRules {
         CreateRules {
             alignment: CPU_ALIGNMENT,
-            pitch_alignment: self.properties.pitch_alignment,
+            pitch_alignment: self.streams.properties().pitch_alignment,
         }
-    }
-}
-
-impl ComputeServer for CpuServer {
-    type Kernel = CpuKernel;
-    type Storage = CpuStorage;
-    type Info = CpuInfo;
-
-    fn info(&self) -> CpuInfo {
-        CpuInfo {
-            device: self.device,
-            threads: rayon::current_num_threads(),
-            jit: compiler::jit::enabled(),
-            cpu_features: compiler::jit::features().describe(),
-        }
-    }
-
-    fn properties(&self) -> DeviceProperties {
-        self.properties.clone()
-    }
-
-    fn get_resource(
-        &mut self,
-        binding: Binding,
-        stream: StreamId,
-    ) -> Result<CpuResource, ServerError> {
-        self.resource_when_idle(binding, stream)
-    }
-
-    unsafe fn launch(
-        &mut self,
-        kernel: CpuKernel,
-        count: CubeCount,
-        arguments: KernelArguments,
-        mode: ExecutionMode,
-        stream: StreamId,
-    ) -> Result<(), ServerError> {
-        // SAFETY: the caller's contract of `launch` is passed on unchanged.
-        unsafe { self.launch_kernel(kernel, count, arguments, mode, stream) }
-    }
-
-    fn flush(&mut self, stream: StreamId) -> Result<(), ServerError> {
-        match self.stream(stream)?.queue.take_error() {
-            Some(e) => Err(e),
-            None => Ok(()),
-        }
-    }
-
-    fn sync(&mut self, stream: StreamId) -> DynFut<Result<(), ServerError>> {
-        if let Err(e) = self.ensure_not_capturing(stream, "sync") {
-            return Box::pin(core::future::ready(Err(e)));
-        }
-        self.sync_marker(stream)
     }
 }
 

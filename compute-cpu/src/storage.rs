@@ -69,18 +69,12 @@ impl ComputeStorage for CpuStorage {
 
     fn get(&mut self, handle: &StorageHandle) -> Option<CpuResource> {
         let block = self.blocks.get(&handle.id)?;
-        let end = handle
-            .utilization
-            .offset
-            .checked_add(handle.utilization.size)?;
-        if end as usize > block.layout.size() {
-            return None;
-        }
-        // SAFETY: offset + size is inside the block (checked above).
-        let ptr = unsafe { block.ptr.as_ptr().add(handle.utilization.offset as usize) };
+        let (offset, len) = handle.within(block.layout.size() as u64)?;
+        // SAFETY: offset + len is inside the block (checked by `within`).
+        let ptr = unsafe { block.ptr.as_ptr().add(offset as usize) };
         Some(CpuResource {
             ptr,
-            len: handle.utilization.size as usize,
+            len: len as usize,
         })
     }
 

@@ -1,31 +1,17 @@
-//! Host-to-device and device-to-host copies: `write`, `read`, `get_resource`. The CPU's
+//! Host-to-device and device-to-host copies: `write` and `read`. The CPU's
 //! "device" memory is host memory, so a copy is a strided row copy run on the stream's worker.
 
 use compute_core::backend::ServerKit;
-use compute_core::future::{DynFut, oneshot};
+use compute_core::future::oneshot;
 use compute_core::layout::{contiguous_strides, for_each_row};
+use compute_core::server::HostWrite;
+use compute_core::server::ReadFuture;
 use compute_core::{Binding, Bytes, CopyDescriptor, ServerError, ServerTransfer, StreamId};
 
 use crate::server::{CpuServer, worker_gone};
-use crate::storage::CpuResource;
 use crate::worker::Command;
 
-impl CpuServer {
-    pub(crate) fn resource_when_idle(
-        &mut self,
-        binding: Binding,
-        stream: StreamId,
-    ) -> Result<CpuResource, ServerError> {
-        let resource = self.resolve(&binding)?;
-        if let Some(point) = binding.handle().access().last()
-            && let Some(other) = self.streams.get(point.stream)
-        {
-            other.queue.progress().wait_for(point.seq);
-        }
-        self.stream(stream)?.queue.wait_idle();
-        Ok(resource)
-    }
-}
+impl CpuServer {}
 
 /// Copy compact `src` into the strided tensor at `dst`.
 ///
@@ -68,11 +54,7 @@ unsafe fn gather_rows(
 }
 
 impl ServerTransfer for CpuServer {
-    fn write(
-        &mut self,
-        writes: Vec<(CopyDescriptor, Bytes)>,
-        stream: StreamId,
-    ) -> Result<(), ServerError> {
+    fn write(&mut self, writes: Vec<HostWrite>, stream: StreamId) -> Result<(), ServerError> {
         self.ensure_not_capturing(stream, "write")?;
         for (descriptor, bytes) in writes {
             descriptor.validate_write(bytes.len())?;
@@ -98,18 +80,10 @@ impl ServerTransfer for CpuServer {
         Ok(())
     }
 
-    fn read(
-        &mut self,
-        descriptors: Vec<CopyDescriptor>,
-        stream: StreamId,
-    ) -> DynFut<Result<Vec<Bytes>, ServerError>> {
+    fn read(&mut self, descriptors: Vec<CopyDescriptor>, stream: StreamId) -> ReadFuture {
         let prepared = (|| {
             self.ensure_not_capturing(stream, "read")?;
-            let mut sources = Vec::with_capacity(descriptors.len());
-            for descriptor in &descriptors {
-                descriptor.validate()?;
-                sources.push(self.resolve(&descriptor.binding)?);
-            }
+            let sources = CopyDescriptor::read_sources(&descriptors, |b| self.resolve(b))?;
             Ok::<_, ServerError>(sources)
         })();
         let sources = match prepared {

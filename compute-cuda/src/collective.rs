@@ -37,7 +37,9 @@ use std::sync::{Mutex, MutexGuard, OnceLock};
 use std::time::Instant;
 
 use compute_core::backend::ServerKit;
-use compute_core::collective::{CHECK_VAR, CollectiveError, Gathered, MismatchKind, World};
+use compute_core::collective::{
+    AllReduce, CHECK_VAR, CollectiveError, Gathered, MismatchKind, World,
+};
 use compute_core::future::DynFut;
 use compute_core::handle::HandleOwner;
 use compute_core::{
@@ -654,28 +656,17 @@ impl ServerCollective for CudaServer {
 
     /// `all_reduce`: on the group's communication stream, after the work of `stream` issued so
     /// far.
-    fn all_reduce(
-        &mut self,
-        src: Binding,
-        dst: Binding,
-        dtype: ElemType,
-        devices: Vec<DeviceId>,
-        op: ReduceOperation,
-        stream: StreamId,
-    ) -> Result<(), ServerError> {
+    fn all_reduce(&mut self, reduce: AllReduce, stream: StreamId) -> Result<(), ServerError> {
         self.settle()?;
-        let group = self.check_group(&devices)?;
-        compute_core::collective::check_all_reduce(
+        let group = self.check_group(&reduce.devices)?;
+        reduce.check(
             &group,
             self.collective_groups.contains(&group) && crate::collective::initialised(&group),
-            src.size(),
-            dst.size(),
-            dtype,
         )?;
-        crate::collective::data_type(dtype)?;
+        crate::collective::data_type(reduce.dtype)?;
         crate::collective::communicator(&group, self.owner.device)?;
-        let source = self.resolve(&src)?;
-        let target = self.resolve(&dst)?;
+        let source = self.resolve(&reduce.src)?;
+        let target = self.resolve(&reduce.dst)?;
         // The communication stream runs after the work of `stream` issued so far.
         self.stream(stream)?;
         let comm_stream = *self
@@ -695,9 +686,9 @@ impl ServerCollective for CudaServer {
             }
             .check("cuStreamWaitEvent")?;
         }
-        self.order_after(comm_stream, &[&src, &dst])?;
+        self.order_after(comm_stream, &[&reduce.src, &reduce.dst])?;
         let raw = self.stream(comm_stream)?.queue.raw;
-        let count = (src.size() / dtype.size() as u64) as usize;
+        let count = (reduce.src.size() / reduce.dtype.size() as u64) as usize;
         let me = self.owner.device;
         if count > 0 {
             let call = Call {
@@ -705,15 +696,15 @@ impl ServerCollective for CudaServer {
                 src: source.ptr,
                 dst: target.ptr,
                 count,
-                dtype,
-                op,
+                dtype: reduce.dtype,
+                op: reduce.op,
                 stream: raw,
                 owner: self.owner,
-                keep: [src.clone(), dst.clone()],
+                keep: [reduce.src.clone(), reduce.dst.clone()],
             };
             if compute_core::collective::checked() {
                 checked_all_reduce(&group, me, &call)?;
-                return self.mark(comm_stream, &[&src, &dst], None);
+                return self.mark(comm_stream, &[&reduce.src, &reduce.dst], None);
             }
             let issue = |round, calls| {
                 let issued = issue_round(&group, round, calls);
@@ -727,7 +718,7 @@ impl ServerCollective for CudaServer {
         }
         // Later uses of the buffers order after the communication stream (a use before the round
         // is issued waits for it first: `marker`).
-        self.mark(comm_stream, &[&src, &dst], None)?;
+        self.mark(comm_stream, &[&reduce.src, &reduce.dst], None)?;
         self.collect_issued()
     }
 

@@ -105,10 +105,7 @@ pub(crate) fn released_raw(what: &str, status: sys::CUresult) {
 /// The first release error recorded since the last report (the rest are discarded and counted,
 /// as `compute_core::error::take_first` does for every error queue).
 pub(crate) fn take_release_error() -> Result<(), ServerError> {
-    match compute_core::error::take_first(&mut RELEASE_ERRORS.lock()) {
-        Some(e) => Err(e),
-        None => Ok(()),
-    }
+    compute_core::error::take_result(&mut RELEASE_ERRORS.lock())
 }
 
 /// Make the next `count` releases through the driver call `call` (`cuMemFree`,

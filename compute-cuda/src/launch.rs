@@ -1,12 +1,16 @@
 //! Kernel launches: the module of a kernel (compiled once per checked/unchecked variant), the
 //! launch checks, dynamic cube counts, and the launch parameters packed after the compiled
-//! kernel's [`ParamLayout`](crate::compiler::codegen::ParamLayout).
+//! kernel's [`ParamLayout`](crate::compiler::codegen::ParamLayout); with them, the other
+//! [`ComputeServer`] core calls (`get_resource`, flush, sync).
 
 use std::sync::Arc;
 
 use compute_core::backend::ServerKit;
 use compute_core::error::LaunchError;
-use compute_core::{Binding, CubeCount, ExecutionMode, KernelArguments, ServerError, StreamId};
+use compute_core::future::DynFut;
+use compute_core::{
+    Binding, ComputeServer, CubeCount, ExecutionMode, KernelLaunch, ServerError, StreamId,
+};
 use cudarc::driver::{result, sys};
 use smallvec::SmallVec;
 
@@ -14,7 +18,8 @@ use crate::compiler::codegen::{MAX_RANK, META_BYTES};
 use crate::compiler::{self, CompiledKernel};
 use crate::driver::Check;
 use crate::kernel::CudaKernel;
-use crate::server::CudaServer;
+use crate::server::{CudaInfo, CudaServer};
+use crate::storage::{CudaResource, CudaStorage};
 
 /// Bytes of one launch parameter slot (the biggest parameter is a `Meta`).
 pub(crate) const SLOT_WORDS: usize = META_BYTES.div_ceil(8);
@@ -48,7 +53,9 @@ impl CudaServer {
         if let Some(found) = self.kernels.get(kernel.id(), checked) {
             return Ok(found);
         }
-        kernel.definition().validate(&self.properties.hardware)?;
+        kernel
+            .definition()
+            .validate(&self.streams.properties().hardware)?;
         let compiled = Arc::new(compiler::compile(
             kernel.definition(),
             kernel.id(),
@@ -84,6 +91,42 @@ impl CudaServer {
         unsafe { result::stream::synchronize(raw.0) }.check("cuStreamSynchronize")?;
         Ok(count)
     }
+}
+
+impl ComputeServer for CudaServer {
+    type Kernel = CudaKernel;
+    type Storage = CudaStorage;
+    type Info = CudaInfo;
+
+    fn info(&self) -> CudaInfo {
+        CudaInfo {
+            device: self.device,
+            compute_capability: (self.target.major as u32, self.target.minor as u32),
+            driver_version: self.target.driver,
+        }
+    }
+
+    /// `get_resource`: the memory behind `binding`, once the work that last used it and the work
+    /// of `stream` completed.
+    fn get_resource(
+        &mut self,
+        binding: Binding,
+        stream: StreamId,
+    ) -> Result<CudaResource, ServerError> {
+        self.settle()?;
+        let resource = self.resolve(&binding)?;
+        self.ensure_not_capturing(stream, "get_resource")?;
+        if let Some(point) = binding.handle().access().last()
+            && let Some(other) = self.streams.get_mut(point.stream)
+        {
+            other.queue.wait_idle(&mut self.events)?;
+        }
+        self.stream(stream)?;
+        if let Some(state) = self.streams.get_mut(stream) {
+            state.queue.wait_idle(&mut self.events)?;
+        }
+        Ok(resource)
+    }
 
     /// `launch`: the launch checks, the parameters packed after the compiled
     /// [`ParamLayout`](crate::compiler::codegen::ParamLayout) (pointer and length of every
@@ -92,20 +135,15 @@ impl CudaServer {
     /// # Safety
     /// As [`ComputeServer::launch`](compute_core::ComputeServer::launch): an unchecked launch
     /// must stay in bounds.
-    pub(crate) unsafe fn launch_kernel(
+    unsafe fn launch(
         &mut self,
-        kernel: CudaKernel,
-        count: CubeCount,
-        arguments: KernelArguments,
-        mode: ExecutionMode,
+        launch: KernelLaunch<CudaKernel>,
         stream: StreamId,
     ) -> Result<(), ServerError> {
         self.settle()?;
+        let (kernel, count, arguments, mode) =
+            launch.checked(&self.streams.properties().hardware)?;
         let definition = kernel.definition();
-        // The kernel's own limits (cube dimensions, shared and private memory) are checked once,
-        // with the rest of the IR, when it is compiled.
-        definition.check_arguments(&arguments)?;
-        count.check(&self.properties.hardware)?;
         let compiled = self.compiled(&kernel, mode == ExecutionMode::Checked)?;
         let grid = match &count {
             CubeCount::Static(x, y, z) => [*x, *y, *z],
@@ -114,7 +152,7 @@ impl CudaServer {
         if grid.contains(&0) {
             return Ok(());
         }
-        let max = self.properties.hardware.max_cube_count;
+        let max = self.streams.properties().hardware.max_cube_count;
         if grid.iter().zip(max).any(|(&g, m)| g > m) {
             return Err(LaunchError::CubeCountTooLarge {
                 count: grid,
@@ -190,6 +228,14 @@ impl CudaServer {
         drop(params);
         self.launch_slots = slots;
         self.mark(stream, &bindings, None)
+    }
+
+    fn flush(&mut self, stream: StreamId) -> Result<(), ServerError> {
+        self.flush_stream(stream)
+    }
+
+    fn sync(&mut self, stream: StreamId) -> DynFut<Result<(), ServerError>> {
+        self.sync_stream(stream)
     }
 }
 

@@ -2,8 +2,8 @@
 //! stream at `profile_start` and `profile_end`.
 
 use compute_core::backend::ServerKit;
-use compute_core::future::DynFut;
 use compute_core::profile::ProfileToken;
+use compute_core::server::ProfileFuture;
 use compute_core::{
     ProfileDuration, ProfileError, ServerError, ServerProfile, StreamId, TimingMethod,
 };
@@ -30,11 +30,7 @@ impl ServerProfile for CudaServer {
     }
 
     /// `profile_end`: a second timing event; the future waits for it and reads the elapsed time.
-    fn profile_end(
-        &mut self,
-        token: ProfileToken,
-        stream: StreamId,
-    ) -> DynFut<Result<ProfileDuration, ProfileError>> {
+    fn profile_end(&mut self, token: ProfileToken, stream: StreamId) -> ProfileFuture {
         let Some(start) = self.profiles.remove(&token.id) else {
             return ready(Err(ProfileError::Unavailable(format!(
                 "profile token {} was not started on this server",

@@ -1,8 +1,8 @@
-//! The CUDA server: the struct, its construction, its [`ServerKit`] and the [`ComputeServer`]
-//! core calls. Each role trait is implemented in the file of its role:
-//! [`storage`](crate::storage) (`ServerMemory`: device memory, retirement, host memory),
-//! [`transfer`](crate::transfer) (`ServerTransfer`; `get_resource`), [`staging`](crate::staging)
-//! (the pinned staging of pageable writes), [`launch`](crate::launch), [`graph`](crate::graph)
+//! The CUDA server: the struct, its construction and its [`ServerKit`]. Each role trait is
+//! implemented in the file of its role: [`storage`](crate::storage) (`ServerMemory`: device
+//! memory, retirement, host memory), [`transfer`](crate::transfer) (`ServerTransfer`),
+//! [`staging`](crate::staging) (the pinned staging of pageable writes), [`launch`](crate::launch)
+//! (the `ComputeServer` core calls: launch, `get_resource`, flush, sync), [`graph`](crate::graph)
 //! (`ServerGraph`), [`profile`](crate::profile) (`ServerProfile`),
 //! [`collective`](crate::collective) (`ServerCollective`: NCCL) and [`stream`](crate::stream)
 //! (stream order, flush and sync). A stream per `StreamId`, pools over device memory and graphs
@@ -14,10 +14,7 @@ use std::sync::Arc;
 use compute_core::backend::{CreateRules, Graphs, KernelCache, ServerKit, StreamEntry, Streams};
 use compute_core::future::DynFut;
 use compute_core::handle::HandleOwner;
-use compute_core::{
-    Binding, ComputeServer, CubeCount, DeviceId, DeviceProperties, ExecutionMode, KernelArguments,
-    ServerError, StreamId,
-};
+use compute_core::{Binding, DeviceId, DeviceProperties, ServerError, StreamId};
 use cudarc::driver::{result, sys};
 use hashbrown::HashMap;
 
@@ -25,7 +22,6 @@ use crate::compiler::{CompiledKernel, Target};
 use crate::device::CudaDevice;
 use crate::driver::{Context, Raw};
 use crate::graph::CudaGraph;
-use crate::kernel::CudaKernel;
 use crate::pinned::PinnedPool;
 use crate::staging::{Issue, IssueError, StagingRing};
 use crate::storage::{CUDA_ALIGNMENT, CudaResource, CudaStorage};
@@ -52,7 +48,6 @@ pub struct CudaServer {
     pub(crate) device: CudaDevice,
     pub(crate) context: Arc<Context>,
     pub(crate) owner: HandleOwner,
-    pub(crate) properties: DeviceProperties,
     pub(crate) target: Target,
     pub(crate) streams: Streams<CudaStorage, StreamQueue, Vec<Binding>>,
     pub(crate) events: EventPool,
@@ -110,8 +105,7 @@ impl CudaServer {
             device,
             owner,
             context,
-            streams: Streams::new(owner, properties.memory.clone()),
-            properties,
+            streams: Streams::new(owner, properties),
             target,
             events,
             pinned,
@@ -139,8 +133,9 @@ impl CudaServer {
         self.streams.resolve(binding)
     }
 
-    /// The capture rule for `what` on `stream`; binds the context and creates the stream first,
-    /// as every caller goes on to the driver.
+    /// The capture rule for `what` on `stream` (the kit's
+    /// [`ServerKit::ensure_not_capturing`], which this shadows); binds the context and creates
+    /// the stream first, as every caller goes on to the driver.
     pub(crate) fn ensure_not_capturing(
         &mut self,
         stream: StreamId,
@@ -190,54 +185,8 @@ impl ServerKit for CudaServer {
     fn create_rules(&self) -> CreateRules {
         CreateRules {
             alignment: CUDA_ALIGNMENT,
-            pitch_alignment: self.properties.pitch_alignment,
+            pitch_alignment: self.streams.properties().pitch_alignment,
         }
-    }
-}
-
-impl ComputeServer for CudaServer {
-    type Kernel = CudaKernel;
-    type Storage = CudaStorage;
-    type Info = CudaInfo;
-
-    fn info(&self) -> CudaInfo {
-        CudaInfo {
-            device: self.device,
-            compute_capability: (self.target.major as u32, self.target.minor as u32),
-            driver_version: self.target.driver,
-        }
-    }
-
-    fn properties(&self) -> DeviceProperties {
-        self.properties.clone()
-    }
-
-    fn get_resource(
-        &mut self,
-        binding: Binding,
-        stream: StreamId,
-    ) -> Result<CudaResource, ServerError> {
-        self.resource_when_idle(binding, stream)
-    }
-
-    unsafe fn launch(
-        &mut self,
-        kernel: CudaKernel,
-        count: CubeCount,
-        arguments: KernelArguments,
-        mode: ExecutionMode,
-        stream: StreamId,
-    ) -> Result<(), ServerError> {
-        // SAFETY: the caller's promise for an unchecked launch is passed on.
-        unsafe { self.launch_kernel(kernel, count, arguments, mode, stream) }
-    }
-
-    fn flush(&mut self, stream: StreamId) -> Result<(), ServerError> {
-        self.flush_stream(stream)
-    }
-
-    fn sync(&mut self, stream: StreamId) -> DynFut<Result<(), ServerError>> {
-        self.sync_stream(stream)
     }
 }
 

@@ -49,16 +49,10 @@ impl ComputeStorage for CudaStorage {
 
     fn get(&mut self, handle: &StorageHandle) -> Option<CudaResource> {
         let &(base, size) = self.blocks.get(&handle.id)?;
-        let end = handle
-            .utilization
-            .offset
-            .checked_add(handle.utilization.size)?;
-        if end > size {
-            return None;
-        }
+        let (offset, len) = handle.within(size)?;
         Some(CudaResource {
-            ptr: base + handle.utilization.offset,
-            len: handle.utilization.size,
+            ptr: base + offset,
+            len,
         })
     }
 
@@ -280,7 +274,7 @@ impl ServerMemory for CudaServer {
         config: &MemoryPoolsConfig,
         stream: StreamId,
     ) -> Result<bool, PoolConfigError> {
-        config.resolve(&self.properties.memory)?;
+        config.resolve(&self.streams.properties().memory)?;
         self.settle_quietly();
         // Binds the context (the rebuild frees blocks) and creates the stream if needed; the
         // layout is kept for later streams even when that fails.

@@ -1,10 +1,10 @@
 //! Host <-> device copies: `write` (pinned bytes straight, pageable ones through the staging
-//! ring, strided tensors as 2-D copies of row blocks), `read` into pinned buffers, and
-//! `get_resource`.
+//! ring, strided tensors as 2-D copies of row blocks) and `read` into pinned buffers.
 
 use compute_core::backend::ServerKit;
-use compute_core::future::DynFut;
 use compute_core::layout::contiguous_strides;
+use compute_core::server::HostWrite;
+use compute_core::server::ReadFuture;
 use compute_core::{
     Binding, Bytes, BytesKind, CopyDescriptor, ServerError, ServerTransfer, StreamId,
 };
@@ -13,7 +13,6 @@ use cudarc::driver::{result, sys};
 use crate::driver::Check;
 use crate::server::{CudaServer, ready};
 use crate::staging::{SMALL_PIECE, StagingPlan};
-use crate::storage::CudaResource;
 use crate::stream::KeepAlive;
 
 /// One contiguous run of rows for a 2-D copy: offsets in the strided and compact layouts, rows,
@@ -267,15 +266,11 @@ impl CudaServer {
         &mut self,
         descriptors: Vec<CopyDescriptor>,
         stream: StreamId,
-    ) -> Result<DynFut<Result<Vec<Bytes>, ServerError>>, ServerError> {
+    ) -> Result<ReadFuture, ServerError> {
         self.settle()?;
         crate::driver::take_release_error()?;
         self.ensure_not_capturing(stream, "read")?;
-        let mut sources = Vec::with_capacity(descriptors.len());
-        for descriptor in &descriptors {
-            descriptor.validate()?;
-            sources.push(self.resolve(&descriptor.binding)?);
-        }
+        let sources = CopyDescriptor::read_sources(&descriptors, |b| self.resolve(b))?;
         let bindings: Vec<Binding> = descriptors.iter().map(|d| d.binding.clone()).collect();
         let refs: Vec<&Binding> = bindings.iter().collect();
         self.order_after(stream, &refs)?;
@@ -314,36 +309,10 @@ impl CudaServer {
                 .collect())
         }))
     }
-
-    /// `get_resource`: the memory behind `binding`, once the work that last used it and the work
-    /// of `stream` completed.
-    pub(crate) fn resource_when_idle(
-        &mut self,
-        binding: Binding,
-        stream: StreamId,
-    ) -> Result<CudaResource, ServerError> {
-        self.settle()?;
-        let resource = self.resolve(&binding)?;
-        self.ensure_not_capturing(stream, "get_resource")?;
-        if let Some(point) = binding.handle().access().last()
-            && let Some(other) = self.streams.get_mut(point.stream)
-        {
-            other.queue.wait_idle(&mut self.events)?;
-        }
-        self.stream(stream)?;
-        if let Some(state) = self.streams.get_mut(stream) {
-            state.queue.wait_idle(&mut self.events)?;
-        }
-        Ok(resource)
-    }
 }
 
 impl ServerTransfer for CudaServer {
-    fn read(
-        &mut self,
-        descriptors: Vec<CopyDescriptor>,
-        stream: StreamId,
-    ) -> DynFut<Result<Vec<Bytes>, ServerError>> {
+    fn read(&mut self, descriptors: Vec<CopyDescriptor>, stream: StreamId) -> ReadFuture {
         match self.read_inner(descriptors, stream) {
             Ok(future) => future,
             Err(e) => ready(Err(e)),
@@ -351,11 +320,7 @@ impl ServerTransfer for CudaServer {
     }
 
     /// `write`: each copy in order, refused while a capture runs.
-    fn write(
-        &mut self,
-        writes: Vec<(CopyDescriptor, Bytes)>,
-        stream: StreamId,
-    ) -> Result<(), ServerError> {
+    fn write(&mut self, writes: Vec<HostWrite>, stream: StreamId) -> Result<(), ServerError> {
         self.ensure_not_capturing(stream, "write")?;
         for (descriptor, bytes) in writes {
             self.write_one(stream, descriptor, bytes)?;

@@ -12,8 +12,9 @@
 use std::sync::Arc;
 
 use ash::vk;
-use compute_core::collective::{HostCollectives, HostRendezvous};
-use compute_core::future::{DynFut, Receiver};
+use compute_core::backend::ServerKit;
+use compute_core::collective::{AllReduce, HostCollectives, HostRendezvous};
+use compute_core::future::DynFut;
 use compute_core::{
     Binding, DeviceId, ElemType, ReduceOperation, ServerCollective, ServerError, StreamId,
 };
@@ -68,12 +69,6 @@ pub(crate) fn submit(
     let slice = round.dst_binding.handle().memory().id();
     let group = round.group.clone();
     collectives.submit(&group, slice, round, WORKER, round_runner(ctx, family))
-}
-
-/// A receiver that completes once every round queued so far (on every group's worker) has
-/// finished, with the first error they raised.
-pub(crate) fn marker(collectives: &mut Collectives) -> Receiver<Result<(), ServerError>> {
-    collectives.marker()
 }
 
 fn run_round(
@@ -148,21 +143,11 @@ impl ServerCollective for VulkanServer {
     }
 
     /// [`ServerCollective::all_reduce`](compute_core::ServerCollective::all_reduce).
-    fn all_reduce(
-        &mut self,
-        src: Binding,
-        dst: Binding,
-        dtype: ElemType,
-        devices: Vec<DeviceId>,
-        op: ReduceOperation,
-        stream: StreamId,
-    ) -> Result<(), ServerError> {
+    fn all_reduce(&mut self, reduce: AllReduce, stream: StreamId) -> Result<(), ServerError> {
         self.ensure_not_capturing(stream, "all_reduce")?;
-        let group = self
-            .collectives
-            .check_all_reduce(&devices, src.size(), dst.size(), dtype)?;
-        let source = self.resolve(&src)?;
-        let target = self.resolve(&dst)?;
+        let group = self.collectives.check_all_reduce(&reduce)?;
+        let source = self.resolve(&reduce.src)?;
+        let target = self.resolve(&reduce.dst)?;
         let staging = if source.size == 0 {
             None
         } else {
@@ -183,20 +168,16 @@ impl ServerCollective for VulkanServer {
             group,
             seq,
             me: self.owner.device,
-            dtype,
-            op,
+            dtype: reduce.dtype,
+            op: reduce.op,
             dst: target,
-            dst_binding: dst,
+            dst_binding: reduce.dst,
         };
         crate::collective::submit(&mut self.collectives, &self.ctx, self.family, round)
     }
 
     /// [`ServerCollective::sync_collective`](compute_core::ServerCollective::sync_collective).
     fn sync_collective(&mut self, _stream: StreamId) -> DynFut<Result<(), ServerError>> {
-        let rx = crate::collective::marker(&mut self.collectives);
-        Box::pin(async move {
-            rx.await
-                .unwrap_or_else(|| Err(ServerError::Driver("the collective worker stopped".into())))
-        })
+        self.collectives.sync()
     }
 }

@@ -57,6 +57,17 @@ pub struct VulkanGraph {
     _chunks: Vec<Staging>,
 }
 
+/// A capture ended: the graph keeps its commands, what they use and the staging chunks they read.
+impl From<Capture> for VulkanGraph {
+    fn from(mut capture: Capture) -> Self {
+        VulkanGraph {
+            ops: core::mem::take(&mut capture.ops),
+            _keep: core::mem::take(&mut capture.keep),
+            _chunks: capture.linear.take(),
+        }
+    }
+}
+
 impl ServerGraph for VulkanServer {
     /// [`ServerGraph::begin_capture`](compute_core::ServerGraph::begin_capture).
     fn begin_capture(&mut self, stream: StreamId) -> Result<(), ServerError> {
@@ -68,14 +79,9 @@ impl ServerGraph for VulkanServer {
 
     /// [`ServerGraph::end_capture`](compute_core::ServerGraph::end_capture).
     fn end_capture(&mut self, stream: StreamId) -> Result<GraphId, ServerError> {
-        let mut capture = self.stream(stream)?.end_capture(stream)?;
+        let graph = self.kit_end_capture(stream)?;
         self.captures -= 1;
-        let graph = VulkanGraph {
-            ops: core::mem::take(&mut capture.ops),
-            _keep: core::mem::take(&mut capture.keep),
-            _chunks: capture.linear.take(),
-        };
-        Ok(self.graphs.insert(stream, graph))
+        Ok(graph)
     }
 
     /// [`ServerGraph::graph_replay`](compute_core::ServerGraph::graph_replay).

@@ -6,11 +6,11 @@
 //! indirect validation does, plus the report.
 
 use compute_core::backend::ServerKit;
-use compute_core::future::DynFut;
 use compute_core::kernel::{KernelBuilder, KernelDefinition};
+use compute_core::server::ReadFuture;
 use compute_core::{
     Binding, Bytes, ComputeServer, CubeCount, ElemType, ExecutionMode, Handle, KernelArguments,
-    ServerError, ServerTransfer, StreamId,
+    KernelLaunch, ServerError, ServerTransfer, StreamId,
 };
 
 use crate::kernel::VulkanKernel;
@@ -122,23 +122,20 @@ impl VulkanServer {
         // SAFETY: a bounds-checked launch of the guard, whose buffers hold the 3 and 4 words it
         // reads and writes.
         unsafe {
-            self.launch(
+            let launch = KernelLaunch {
                 kernel,
-                CubeCount::Static(1, 1, 1),
+                count: CubeCount::Static(1, 1, 1),
                 arguments,
-                ExecutionMode::Checked,
-                stream,
-            )?;
+                mode: ExecutionMode::Checked,
+            };
+            self.launch(launch, stream)?;
         }
         Ok(args.binding())
     }
 
     /// When an indirect launch was recorded since the status was last read: a read of the
     /// guard's status, and a write clearing it after the read.
-    pub(crate) fn read_guard_status(
-        &mut self,
-        stream: StreamId,
-    ) -> Option<DynFut<Result<Vec<Bytes>, ServerError>>> {
+    pub(crate) fn read_guard_status(&mut self, stream: StreamId) -> Option<ReadFuture> {
         let guard = self.guard.as_mut()?;
         if !guard.unread {
             return None;

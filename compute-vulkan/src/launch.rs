@@ -1,142 +1,32 @@
 //! Kernel launches: the argument checks, the argument words and descriptor ranges of each buffer
 //! binding, and the dispatch recorded into the open batch (or into the running capture), with
-//! cached descriptor sets or push descriptors.
+//! cached descriptor sets or push descriptors; with them, the other [`ComputeServer`] core calls
+//! (`get_resource`, flush, sync).
 
 use std::sync::Arc;
 
 use ash::vk;
-use compute_core::error::LaunchError;
+use compute_core::backend::ServerKit;
+use compute_core::backend::bind::{BindLimits, push_layout_words, write_scalar_words};
+use compute_core::future::DynFut;
 use compute_core::handle::BufferArgument;
-use compute_core::{Binding, CubeCount, ExecutionMode, KernelArguments, ServerError, StreamId};
+use compute_core::{
+    Binding, ComputeServer, CubeCount, ExecutionMode, KernelLaunch, ServerError, StreamId,
+};
 
 use crate::batch::stage;
 use crate::compiler::pipeline::Pipeline;
+use crate::guard::guard_error;
 use crate::kernel::VulkanKernel;
 use crate::ops::Rec;
-use crate::server::VulkanServer;
-use crate::storage::VulkanResource;
-
-fn saturate(x: u64) -> u32 {
-    u32::try_from(x).unwrap_or(u32::MAX)
-}
+use crate::server::{VulkanInfo, VulkanServer, ready};
+use crate::storage::{VulkanResource, VulkanStorage};
 
 fn words_as_bytes(words: &[u32]) -> &[u8] {
     bytemuck::cast_slice(words)
 }
 
 impl VulkanServer {
-    /// [`ComputeServer::launch`](compute_core::ComputeServer::launch).
-    ///
-    /// # Safety
-    /// As [`ComputeServer::launch`](compute_core::ComputeServer::launch).
-    pub(crate) unsafe fn launch_kernel(
-        &mut self,
-        kernel: VulkanKernel,
-        count: CubeCount,
-        arguments: KernelArguments,
-        mode: ExecutionMode,
-        stream: StreamId,
-    ) -> Result<(), ServerError> {
-        let def = kernel.definition();
-        // Owners are checked by `resolve`, binding by binding. The kernel's own limits (cube
-        // dimensions, shared and private memory) are checked once, with the rest of the IR, when
-        // its pipeline is made.
-        def.check_arguments(&arguments)?;
-        count.check(&self.properties.hardware)?;
-        // A dynamic count is dispatched through the guard: over the limits, nothing runs and
-        // the next sync reports it.
-        let count = match count {
-            CubeCount::Dynamic(binding) => CubeCount::Dynamic(self.guard_count(binding, stream)?),
-            other => other,
-        };
-        let mut keep: Vec<Binding> = Vec::new();
-        let capturing = self.captures > 0 && self.capturing(stream);
-        let (count, empty) = match count {
-            CubeCount::Static(x, y, z) => {
-                (DispatchCount::Static([x, y, z]), x == 0 || y == 0 || z == 0)
-            }
-            CubeCount::Dynamic(binding) => {
-                let resource = self.resolve(&binding)?;
-                if capturing {
-                    keep.push(binding);
-                }
-                (
-                    DispatchCount::Dynamic {
-                        buffer: resource.buffer,
-                        offset: resource.offset,
-                    },
-                    false,
-                )
-            }
-        };
-        let checked = mode == ExecutionMode::Checked;
-        let pipeline = self.pipeline(&kernel, checked)?;
-        let args = &pipeline.args;
-        let mut words = core::mem::take(&mut self.words);
-        words.clear();
-        words.resize(args.words as usize, 0);
-        for (value, &at) in arguments.scalars.iter().zip(&args.scalar_words) {
-            let w = value.word_bits();
-            words[at as usize] = w[0];
-            if value.elem_type().size() == 8 {
-                words[at as usize + 1] = w[1];
-            }
-        }
-        let mut descriptors = core::mem::take(&mut self.descriptors);
-        descriptors.clear();
-        let mut info = core::mem::take(&mut self.info_words);
-        info.clear();
-        if pipeline.uses_info {
-            let header = args.info_header_word as usize;
-            info.resize(header + 2 * arguments.buffers.len(), 0);
-        }
-        for (
-            k,
-            BufferArgument {
-                binding,
-                shape,
-                strides,
-            },
-        ) in arguments.buffers.into_iter().enumerate()
-        {
-            let resource = self.resolve(&binding)?;
-            let (descriptor, base, len) =
-                self.bind(resource, pipeline.item_sizes[k], &pipeline.name)?;
-            let at = args.buffer_words[k] as usize;
-            words[at] = base;
-            words[at + 1] = len;
-            if pipeline.uses_info {
-                let header = args.info_header_word as usize + 2 * k;
-                info[header] = shape.rank() as u32;
-                info[header + 1] = info.len() as u32;
-                info.extend(shape.iter().map(|&d| saturate(d as u64)));
-                info.extend(strides.iter().map(|&s| saturate(s as u64)));
-            }
-            descriptors.push(descriptor);
-            if capturing {
-                keep.push(binding);
-            }
-        }
-        if pipeline.uses_info && !args.in_push_constants {
-            info[..words.len()].copy_from_slice(&words);
-        }
-        let result = if empty {
-            Ok(())
-        } else {
-            let push: &[u32] = if args.in_push_constants { &words } else { &[] };
-            let info_ref = pipeline.uses_info.then_some(info.as_slice());
-            self.record_dispatch(stream, &pipeline, &descriptors, push, info_ref, count, keep)
-        };
-        self.words = words;
-        self.info_words = info;
-        self.descriptors = descriptors;
-        result?;
-        if !capturing {
-            self.after_command()?;
-        }
-        Ok(())
-    }
-
     /// The descriptor range a launch binds for a buffer argument, its offset in items and its
     /// length in items.
     fn bind(
@@ -145,57 +35,25 @@ impl VulkanServer {
         item: u64,
         name: &str,
     ) -> Result<(vk::DescriptorBufferInfo, u32, u32), ServerError> {
-        let item = item.max(1);
-        // minStorageBufferOffsetAlignment is a power of two (spec); item sizes nearly always are:
-        // masks and shifts instead of divisions on the launch path.
-        let bind_offset = if self.bind_align.is_power_of_two() {
-            resource.offset & !(self.bind_align - 1)
-        } else {
-            resource.offset / self.bind_align * self.bind_align
+        // minStorageBufferOffsetAlignment is a power of two (spec), item sizes nearly always
+        // are: `bind` masks and shifts on the launch path.
+        let limits = BindLimits {
+            align: self.bind_align,
+            max: u64::from(self.ctx.limits().max_storage_buffer_range),
+            limit: "maxStorageBufferRange",
         };
-        let delta = resource.offset - bind_offset;
-        let in_items = |bytes: u64| {
-            if item.is_power_of_two() {
-                bytes >> item.trailing_zeros()
-            } else {
-                bytes / item
-            }
-        };
-        let misaligned = if item.is_power_of_two() {
-            delta & (item - 1) != 0
-        } else {
-            !delta.is_multiple_of(item)
-        };
-        if misaligned {
-            return Err(LaunchError::MisalignedBuffer {
-                kernel: name.into(),
-                name: "argument".into(),
-                offset: resource.offset,
-                alignment: item,
-            }
-            .into());
-        }
-        let mut range = (delta + resource.size).max(item).next_multiple_of(4);
-        if bind_offset + range > resource.block_size {
-            range = resource.block_size - bind_offset;
-        }
-        let max = u64::from(self.ctx.limits().max_storage_buffer_range);
-        if range > max {
-            return Err(LaunchError::BindingTooLarge {
-                kernel: name.into(),
-                bytes: range,
-                maximum: max,
-                limit: "maxStorageBufferRange",
-            }
-            .into());
-        }
+        let range = limits.bind(
+            name,
+            (resource.offset, resource.size, resource.block_size),
+            item,
+        )?;
         Ok((
             vk::DescriptorBufferInfo::default()
                 .buffer(resource.buffer)
-                .offset(bind_offset)
-                .range(range),
-            saturate(in_items(delta)),
-            saturate(in_items(resource.size)),
+                .offset(range.offset)
+                .range(range.size),
+            range.base,
+            range.len,
         ))
     }
 
@@ -391,5 +249,162 @@ impl DispatchCount {
             DispatchCount::Static(_) => stage::COMPUTE,
             DispatchCount::Dynamic { .. } => stage::COMPUTE | stage::INDIRECT,
         }
+    }
+}
+
+impl ComputeServer for VulkanServer {
+    type Kernel = VulkanKernel;
+    type Storage = VulkanStorage;
+    type Info = VulkanInfo;
+
+    fn info(&self) -> VulkanInfo {
+        self.info.clone()
+    }
+
+    /// [`ComputeServer::get_resource`](compute_core::ComputeServer::get_resource).
+    fn get_resource(
+        &mut self,
+        binding: Binding,
+        _stream: StreamId,
+    ) -> Result<VulkanResource, ServerError> {
+        let resource = self.resolve(&binding)?;
+        let value = self.submit_or_last()?;
+        self.ctx.wait(value)?;
+        Ok(resource)
+    }
+
+    /// [`ComputeServer::launch`](compute_core::ComputeServer::launch).
+    ///
+    /// # Safety
+    /// As [`ComputeServer::launch`](compute_core::ComputeServer::launch).
+    unsafe fn launch(
+        &mut self,
+        launch: KernelLaunch<VulkanKernel>,
+        stream: StreamId,
+    ) -> Result<(), ServerError> {
+        // Owners are checked by `resolve`, binding by binding.
+        let (kernel, count, arguments, mode) = launch.checked(&self.properties.hardware)?;
+        // A dynamic count is dispatched through the guard: over the limits, nothing runs and
+        // the next sync reports it.
+        let count = match count {
+            CubeCount::Dynamic(binding) => CubeCount::Dynamic(self.guard_count(binding, stream)?),
+            other => other,
+        };
+        let mut keep: Vec<Binding> = Vec::new();
+        let capturing = self.captures > 0 && self.capturing(stream);
+        let (count, empty) = match count {
+            CubeCount::Static(x, y, z) => {
+                (DispatchCount::Static([x, y, z]), x == 0 || y == 0 || z == 0)
+            }
+            CubeCount::Dynamic(binding) => {
+                let resource = self.resolve(&binding)?;
+                if capturing {
+                    keep.push(binding);
+                }
+                (
+                    DispatchCount::Dynamic {
+                        buffer: resource.buffer,
+                        offset: resource.offset,
+                    },
+                    false,
+                )
+            }
+        };
+        let checked = mode == ExecutionMode::Checked;
+        let pipeline = self.pipeline(&kernel, checked)?;
+        let args = &pipeline.args;
+        let mut words = core::mem::take(&mut self.words);
+        words.clear();
+        words.resize(args.words as usize, 0);
+        write_scalar_words(&mut words, 0, &arguments.scalars, &args.scalar_words);
+        let mut descriptors = core::mem::take(&mut self.descriptors);
+        descriptors.clear();
+        let mut info = core::mem::take(&mut self.info_words);
+        info.clear();
+        if pipeline.uses_info {
+            let header = args.info_header_word as usize;
+            info.resize(header + 2 * arguments.buffers.len(), 0);
+        }
+        for (
+            k,
+            BufferArgument {
+                binding,
+                shape,
+                strides,
+            },
+        ) in arguments.buffers.into_iter().enumerate()
+        {
+            let resource = self.resolve(&binding)?;
+            let (descriptor, base, len) =
+                self.bind(resource, pipeline.item_sizes[k], &pipeline.name)?;
+            let at = args.buffer_words[k] as usize;
+            words[at] = base;
+            words[at + 1] = len;
+            if pipeline.uses_info {
+                let header = args.info_header_word as usize + 2 * k;
+                info[header] = shape.rank() as u32;
+                info[header + 1] = info.len() as u32;
+                push_layout_words(&mut info, &shape, &strides);
+            }
+            descriptors.push(descriptor);
+            if capturing {
+                keep.push(binding);
+            }
+        }
+        if pipeline.uses_info && !args.in_push_constants {
+            info[..words.len()].copy_from_slice(&words);
+        }
+        let result = if empty {
+            Ok(())
+        } else {
+            let push: &[u32] = if args.in_push_constants { &words } else { &[] };
+            let info_ref = pipeline.uses_info.then_some(info.as_slice());
+            self.record_dispatch(stream, &pipeline, &descriptors, push, info_ref, count, keep)
+        };
+        self.words = words;
+        self.info_words = info;
+        self.descriptors = descriptors;
+        result?;
+        if !capturing {
+            self.after_command()?;
+        }
+        Ok(())
+    }
+
+    fn flush(&mut self, _stream: StreamId) -> Result<(), ServerError> {
+        self.submit()?;
+        self.cache.maybe_save();
+        self.take_error()
+    }
+
+    fn sync(&mut self, stream: StreamId) -> DynFut<Result<(), ServerError>> {
+        if let Err(e) = self.ensure_not_capturing(stream, "sync") {
+            return ready(Err(e));
+        }
+        let guard = self.read_guard_status(stream);
+        let value = match self.submit_or_last() {
+            Ok(v) => v,
+            Err(e) => return ready(Err(e)),
+        };
+        self.reset_batch_limit();
+        self.cache.maybe_save();
+        let ctx = self.ctx.clone();
+        let errors = self.errors.clone();
+        let maximum = self.properties.hardware.max_cube_count;
+        Box::pin(async move {
+            ctx.wait(value)?;
+            if let Some(read) = guard {
+                match read.await {
+                    Ok(bytes) => {
+                        if let Some(e) = guard_error(&bytes, maximum) {
+                            errors.lock().push_back(e);
+                        }
+                    }
+                    // An error queued before, taken by the read: first again.
+                    Err(e) => errors.lock().push_front(e),
+                }
+            }
+            compute_core::error::take_result(&mut errors.lock())
+        })
     }
 }

@@ -4,9 +4,9 @@
 use std::sync::Arc;
 
 use ash::vk;
-use compute_core::future::DynFut;
-use compute_core::profile::{ProfileToken, device_profile, end_profile};
-use compute_core::{ProfileDuration, ProfileError, ServerError, ServerProfile, StreamId};
+use compute_core::profile::{ProfileToken, device_profile, end_profile, start_profile};
+use compute_core::server::ProfileFuture;
+use compute_core::{ProfileError, ServerError, ServerProfile, StreamId};
 
 use crate::batch::stage;
 use crate::context::Context;
@@ -52,23 +52,11 @@ impl VulkanServer {
 impl ServerProfile for VulkanServer {
     /// [`ServerProfile::profile_start`](compute_core::ServerProfile::profile_start).
     fn profile_start(&mut self, stream: StreamId) -> Result<ProfileToken, ProfileError> {
-        self.ensure_not_capturing(stream, "profile")?;
-        let queries = if self.properties.features.device_timestamps {
-            let pool = self.profile_queries()?;
-            self.timestamp(pool.pool, 0)?;
-            Some(pool)
-        } else {
-            None
-        };
-        Ok(self.profiles.start(queries))
+        start_profile(self, stream, |s| &mut s.profiles, Self::start_timestamps)
     }
 
     /// [`ServerProfile::profile_end`](compute_core::ServerProfile::profile_end).
-    fn profile_end(
-        &mut self,
-        token: ProfileToken,
-        stream: StreamId,
-    ) -> DynFut<Result<ProfileDuration, ProfileError>> {
+    fn profile_end(&mut self, token: ProfileToken, stream: StreamId) -> ProfileFuture {
         end_profile(
             self,
             |s| &mut s.profiles,
@@ -80,11 +68,18 @@ impl ServerProfile for VulkanServer {
 }
 
 impl VulkanServer {
+    /// The opening timestamp of a profile, when the device has timestamp queries.
+    fn start_timestamps(&mut self) -> Result<Option<QueryPool>, ProfileError> {
+        if !self.properties.features.device_timestamps {
+            return Ok(None);
+        }
+        let pool = self.profile_queries()?;
+        self.timestamp(pool.pool, 0)?;
+        Ok(Some(pool))
+    }
+
     /// The device-timed end of a profile: the closing timestamp, then the two read back.
-    fn finish_timestamps(
-        &mut self,
-        queries: QueryPool,
-    ) -> DynFut<Result<ProfileDuration, ProfileError>> {
+    fn finish_timestamps(&mut self, queries: QueryPool) -> ProfileFuture {
         let recorded = (|| {
             self.timestamp(queries.pool, 1)?;
             self.submit_or_last()

@@ -4,10 +4,10 @@
 //! host-staged collectives.
 //!
 //! This file holds the struct, its construction, the stream and memory bookkeeping (compute-core's
-//! [`Streams`] behind a small resolve cache), the batch submission helpers, the [`ServerKit`] and
-//! the [`ComputeServer`] core calls. Each role trait is implemented in the file of its role:
-//! `storage.rs` (`ServerMemory`), `transfer.rs` (`ServerTransfer`: writes, reads), `launch.rs`
-//! (launches), `guard.rs` (the indirect dispatch guard), `graph.rs` (`ServerGraph`: capture,
+//! [`Streams`] behind a small resolve cache), the batch submission helpers and the [`ServerKit`].
+//! Each role trait is implemented in the file of its role: `storage.rs` (`ServerMemory`),
+//! `transfer.rs` (`ServerTransfer`: writes, reads), `launch.rs` (the `ComputeServer` core calls:
+//! launches, `get_resource`, flush, sync), `guard.rs` (the indirect dispatch guard), `graph.rs` (`ServerGraph`: capture,
 //! replay), `profile.rs` (`ServerProfile`: timestamps), `collective.rs` (`ServerCollective`:
 //! all-reduce) and `compiler/pipeline.rs` (the pipeline lookup).
 //!
@@ -27,8 +27,8 @@ use compute_core::handle::HandleOwner;
 use compute_core::memory::{MemoryDeviceProperties, SliceId};
 use compute_core::profile::ProfileTable;
 use compute_core::{
-    Binding, ComputeServer, CubeCount, DeviceProperties, ElemType, ExecutionMode, Features,
-    HardwareProperties, KernelArguments, ServerError, StreamId, TimingMethod,
+    Binding, DeviceProperties, ElemType, Features, HardwareProperties, ServerError, StreamId,
+    TimingMethod,
 };
 
 use crate::batch::Recorder;
@@ -39,8 +39,7 @@ use crate::context::Context;
 use crate::descriptors::{DescriptorCache, Range};
 use crate::device::VulkanDevice;
 use crate::graph::{Capture, VulkanGraph};
-use crate::guard::{IndirectGuard, guard_error};
-use crate::kernel::VulkanKernel;
+use crate::guard::IndirectGuard;
 use crate::profile::QueryPool;
 use crate::storage::{Block, Retired, VulkanResource, VulkanStorage};
 
@@ -116,6 +115,8 @@ pub struct VulkanServer {
     pub(crate) ctx: Arc<Context>,
     pub(crate) info: VulkanInfo,
     pub(crate) owner: HandleOwner,
+    /// The device's properties (those the kit's streams keep too), read by the launch checks,
+    /// the guard and the pipeline compiler.
     pub(crate) properties: DeviceProperties,
     /// `minStorageBufferOffsetAlignment`.
     pub(crate) bind_align: u64,
@@ -290,7 +291,7 @@ impl VulkanServer {
         Ok(Self {
             info,
             owner,
-            streams: Streams::new(owner, properties.memory.clone()),
+            streams: Streams::new(owner, properties.clone()),
             properties,
             bind_align,
             slice_align,
@@ -361,19 +362,8 @@ impl VulkanServer {
         self.streams.is_capturing(stream)
     }
 
-    pub(crate) fn ensure_not_capturing(
-        &self,
-        stream: StreamId,
-        what: &str,
-    ) -> Result<(), ServerError> {
-        self.streams.ensure_not_capturing(stream, what)
-    }
-
     pub(crate) fn take_error(&self) -> Result<(), ServerError> {
-        match compute_core::error::take_first(&mut self.errors.lock()) {
-            Some(e) => Err(e),
-            None => Ok(()),
-        }
+        compute_core::error::take_result(&mut self.errors.lock())
     }
 
     /// Hand blocks the pools released to the batch (freed once the work before them is done).
@@ -458,80 +448,6 @@ impl ServerKit for VulkanServer {
             alignment: self.slice_align,
             pitch_alignment: None,
         }
-    }
-}
-
-impl ComputeServer for VulkanServer {
-    type Kernel = VulkanKernel;
-    type Storage = VulkanStorage;
-    type Info = VulkanInfo;
-
-    fn info(&self) -> VulkanInfo {
-        self.info.clone()
-    }
-
-    fn properties(&self) -> DeviceProperties {
-        self.properties.clone()
-    }
-
-    fn get_resource(
-        &mut self,
-        binding: Binding,
-        stream: StreamId,
-    ) -> Result<VulkanResource, ServerError> {
-        self.resource_when_idle(binding, stream)
-    }
-
-    unsafe fn launch(
-        &mut self,
-        kernel: VulkanKernel,
-        count: CubeCount,
-        arguments: KernelArguments,
-        mode: ExecutionMode,
-        stream: StreamId,
-    ) -> Result<(), ServerError> {
-        // SAFETY: the caller's contract of `launch` is passed on unchanged.
-        unsafe { self.launch_kernel(kernel, count, arguments, mode, stream) }
-    }
-
-    fn flush(&mut self, _stream: StreamId) -> Result<(), ServerError> {
-        self.submit()?;
-        self.cache.maybe_save();
-        self.take_error()
-    }
-
-    fn sync(&mut self, stream: StreamId) -> DynFut<Result<(), ServerError>> {
-        if let Err(e) = self.ensure_not_capturing(stream, "sync") {
-            return ready(Err(e));
-        }
-        let guard = self.read_guard_status(stream);
-        let value = match self.submit_or_last() {
-            Ok(v) => v,
-            Err(e) => return ready(Err(e)),
-        };
-        self.reset_batch_limit();
-        self.cache.maybe_save();
-        let ctx = self.ctx.clone();
-        let errors = self.errors.clone();
-        let maximum = self.properties.hardware.max_cube_count;
-        Box::pin(async move {
-            ctx.wait(value)?;
-            if let Some(read) = guard {
-                match read.await {
-                    Ok(bytes) => {
-                        if let Some(e) = guard_error(&bytes, maximum) {
-                            errors.lock().push_back(e);
-                        }
-                    }
-                    // An error queued before, taken by the read: first again.
-                    Err(e) => errors.lock().push_front(e),
-                }
-            }
-            match compute_core::error::take_first(&mut errors.lock()) {
-                Some(e) => Err(e),
-                None => Ok(()),
-            }
-        })
     }
 }
 

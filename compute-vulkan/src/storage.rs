@@ -67,17 +67,11 @@ impl ComputeStorage for VulkanStorage {
 
     fn get(&mut self, handle: &StorageHandle) -> Option<VulkanResource> {
         let block = self.blocks.get(&handle.id)?;
-        let end = handle
-            .utilization
-            .offset
-            .checked_add(handle.utilization.size)?;
-        if end > block.size {
-            return None;
-        }
+        let (offset, len) = handle.within(block.size)?;
         Some(VulkanResource {
             buffer: block.buffer,
-            offset: handle.utilization.offset,
-            size: handle.utilization.size,
+            offset,
+            size: len,
             block_size: block.size,
         })
     }

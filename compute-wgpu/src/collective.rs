@@ -10,12 +10,10 @@
 //! work on the server that touches that output waits for it (which orders rounds of different
 //! groups that share memory).
 
-use compute_core::collective::{HostCollectives, HostRendezvous};
+use compute_core::collective::{AllReduce, HostCollectives, HostRendezvous};
 use compute_core::future::{DynFut, Receiver};
 use compute_core::memory::SliceId;
-use compute_core::{
-    Binding, DeviceId, ElemType, ReduceOperation, ServerCollective, ServerError, StreamId,
-};
+use compute_core::{DeviceId, ElemType, ReduceOperation, ServerCollective, ServerError, StreamId};
 
 use crate::server::WgpuServer;
 use crate::storage::WgpuResource;
@@ -140,20 +138,10 @@ impl ServerCollective for WgpuServer {
 
     /// `all_reduce`: stage this device's contribution (and the output's partly covered words)
     /// and hand the round to the group's worker.
-    fn all_reduce(
-        &mut self,
-        src: Binding,
-        dst: Binding,
-        dtype: ElemType,
-        devices: Vec<DeviceId>,
-        op: ReduceOperation,
-        _stream: StreamId,
-    ) -> Result<(), ServerError> {
-        let group = self
-            .collectives
-            .check_all_reduce(&devices, src.size(), dst.size(), dtype)?;
-        let source = self.resolve(&src)?;
-        let target = self.resolve(&dst)?;
+    fn all_reduce(&mut self, reduce: AllReduce, _stream: StreamId) -> Result<(), ServerError> {
+        let group = self.collectives.check_all_reduce(&reduce)?;
+        let source = self.resolve(&reduce.src)?;
+        let target = self.resolve(&reduce.dst)?;
         let (staging, delta) = if source.size == 0 {
             (self.readback_buffer("compute-wgpu empty collective", 4), 0)
         } else {
@@ -197,10 +185,10 @@ impl ServerCollective for WgpuServer {
             group,
             seq,
             me: self.owner.device,
-            dtype,
-            op,
+            dtype: reduce.dtype,
+            op: reduce.op,
             dst: target,
-            dst_slice: dst.handle().memory().id(),
+            dst_slice: reduce.dst.handle().memory().id(),
             edges,
         };
         crate::collective::submit(&mut self.collectives, &self.queue, round)
@@ -208,10 +196,6 @@ impl ServerCollective for WgpuServer {
 
     /// `sync_collective`: completes when every group worker has run the rounds issued so far.
     fn sync_collective(&mut self, _stream: StreamId) -> DynFut<Result<(), ServerError>> {
-        let rx = self.collectives.marker();
-        Box::pin(async move {
-            rx.await
-                .unwrap_or_else(|| Err(ServerError::Driver("the collective worker stopped".into())))
-        })
+        self.collectives.sync()
     }
 }

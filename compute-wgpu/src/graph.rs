@@ -16,14 +16,12 @@ pub(crate) type WgpuGraph = Vec<Arc<Dispatch>>;
 
 impl ServerGraph for WgpuServer {
     fn end_capture(&mut self, stream: StreamId) -> Result<GraphId, ServerError> {
-        let launches = self.stream(stream)?.end_capture(stream)?;
-        Ok(self.graphs.insert(stream, launches))
+        self.kit_end_capture(stream)
     }
 
     /// `graph_replay`: append the graph's launches to the batch, as launches issued now.
     fn graph_replay(&mut self, graph: GraphId, stream: StreamId) -> Result<(), ServerError> {
-        self.ensure_not_capturing(stream, "graph replay")?;
-        let launches = self.graphs.for_replay(graph, stream)?.clone();
+        let launches = self.kit_replay(graph, stream)?.clone();
         for launch in &launches {
             self.guard_unread |= matches!(launch.count, DispatchCount::Dynamic { .. });
             self.batch.push_dispatch(launch);

@@ -1,26 +1,27 @@
 //! Kernel launches: the pipeline cache (IR compiled to WGSL, one pipeline per kernel and
 //! bounds-check mode), the bindings and launch info of a launch, the launch checks, and the guard
 //! of indirect launches (a dynamic cube count over the device's limits, recorded on the device
-//! and read back by the next sync or read).
+//! and read back by the next sync or read); with them, the other [`ComputeServer`] core calls
+//! (`get_resource`, flush, sync).
 
 use std::sync::Arc;
 
 use compute_core::backend::ServerKit;
-use compute_core::error::LaunchError;
+use compute_core::backend::bind::{BindLimits, push_layout_words, write_scalar_words};
+use compute_core::future::DynFut;
 use compute_core::handle::BufferArgument;
-use compute_core::{Binding, CubeCount, ExecutionMode, KernelArguments, ServerError, StreamId};
+use compute_core::{
+    Binding, ComputeServer, CubeCount, ExecutionMode, KernelArguments, KernelLaunch, ServerError,
+    StreamId,
+};
 
 use crate::batch::{BoundBuffer, Command, Dispatch, DispatchCount, GUARD_STATUS_BYTES, Pipeline};
 use crate::compiler::{self, HEADER_WORDS};
 use crate::kernel::WgpuKernel;
 use crate::poller::gone;
-use crate::server::WgpuServer;
-use crate::storage::WgpuResource;
+use crate::server::{WgpuInfo, WgpuServer};
+use crate::storage::{WgpuResource, WgpuStorage};
 use crate::transfer::Staging;
-
-fn saturate(x: u64) -> u32 {
-    u32::try_from(x).unwrap_or(u32::MAX)
-}
 
 /// The error of the over-limit count the guard recorded in `staging` (a copy of its status,
 /// mapped by `mapped`), if it recorded one.
@@ -51,89 +52,6 @@ pub(crate) async fn guard_error(
 }
 
 impl WgpuServer {
-    /// `launch`: check the arguments and the count, and record the launch into the batch (or
-    /// into the stream's capture).
-    ///
-    /// # Safety
-    /// The contract of [`ComputeServer::launch`](compute_core::ComputeServer::launch).
-    pub(crate) unsafe fn launch_kernel(
-        &mut self,
-        kernel: WgpuKernel,
-        count: CubeCount,
-        arguments: KernelArguments,
-        mode: ExecutionMode,
-        stream: StreamId,
-    ) -> Result<(), ServerError> {
-        let def = kernel.definition();
-        // The kernel's own limits (cube dimensions, shared and private memory) are checked once,
-        // with the rest of the IR, when its pipeline is made.
-        def.check_arguments(&arguments)?;
-        count.check(&self.properties.hardware)?;
-        // Only a graph keeps the bindings (its launches outlive the caller's handles). A batch
-        // does not need them: a slice freed and reused after this launch is written by work
-        // issued later, which the one queue runs after this launch.
-        let capturing = self.stream(stream)?.capture.is_some();
-        let mut bindings: Vec<Binding> = Vec::new();
-        let (count, empty) = match count {
-            CubeCount::Static(x, y, z) => {
-                (DispatchCount::Static([x, y, z]), x == 0 || y == 0 || z == 0)
-            }
-            CubeCount::Dynamic(binding) => {
-                let resource = self.resolve(&binding)?;
-                bindings.push(binding);
-                // Recorded now or by a graph's replay: the guard's status is read from the next
-                // sync or read on (a replay sets this again).
-                self.guard_unread |= !capturing;
-                (
-                    DispatchCount::Dynamic {
-                        buffer: resource.buffer,
-                        offset: resource.offset,
-                    },
-                    false,
-                )
-            }
-        };
-        let checked = mode == ExecutionMode::Checked;
-        let pipeline = self.pipeline(&kernel, checked)?;
-        // The info words and bound buffers go straight into the batch's arenas (taken back on
-        // an error, moved into a graph's launch when capturing).
-        let words = self.batch.words.len();
-        let bound = self.batch.buffers.len();
-        let built = self.build_launch(
-            def,
-            &pipeline,
-            arguments,
-            capturing.then_some(&mut bindings),
-        );
-        if let Err(e) = built {
-            self.batch.words.truncate(words);
-            self.batch.buffers.truncate(bound);
-            return Err(e);
-        }
-        if capturing {
-            let dispatch = Arc::new(Dispatch {
-                pipeline,
-                buffers: self.batch.buffers.drain(bound..).collect(),
-                info: self.batch.words.drain(words..).collect(),
-                count,
-                _bindings: bindings,
-            });
-            if let Some(capture) = &mut self.stream(stream)?.capture
-                && !empty
-            {
-                capture.push(dispatch);
-            }
-            return Ok(());
-        }
-        if empty {
-            self.batch.words.truncate(words);
-            self.batch.buffers.truncate(bound);
-            return Ok(());
-        }
-        self.batch.push_launch(pipeline, words, bound, count);
-        self.submit_if_full()
-    }
-
     /// When an indirect launch was recorded since the last look: record a copy of the guard's
     /// status into a readback buffer and clear it, to be read once the batch completed (see
     /// [`guard_error`]).
@@ -168,7 +86,7 @@ impl WgpuServer {
             return Ok(found);
         }
         let def = kernel.definition();
-        def.validate(&self.properties.hardware)?;
+        def.validate(&self.streams.properties().hardware)?;
         let compiled = compiler::compile(def, self.caps, checked)?;
         let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
         let module = self
@@ -246,49 +164,23 @@ impl WgpuServer {
         name: &str,
     ) -> Result<(BoundBuffer, u32, u32), ServerError> {
         // Both are powers of two (WebGPU's offset alignment, items of 1-8 byte elements times
-        // 1-16 components): masks and shifts, no division on the launch path.
-        let align = u64::from(self.info.limits.min_storage_buffer_offset_alignment).max(4);
-        let bind_offset = resource.offset & !(align - 1);
-        let delta = resource.offset - bind_offset;
-        let per_item = |bytes: u64| {
-            if item.is_power_of_two() {
-                bytes >> item.trailing_zeros()
-            } else {
-                bytes / item
-            }
+        // 1-16 components): `bind` masks and shifts, no division on the launch path. Offsets
+        // are aligned to at least a word, so the buffer's whole words are what may be bound.
+        let limits = BindLimits {
+            align: u64::from(self.info.limits.min_storage_buffer_offset_alignment).max(4),
+            max: self.info.limits.max_storage_buffer_binding_size,
+            limit: "max_storage_buffer_binding_size",
         };
-        if per_item(delta) * item != delta {
-            return Err(LaunchError::MisalignedBuffer {
-                kernel: name.into(),
-                name: "argument".into(),
-                offset: resource.offset,
-                alignment: item,
-            }
-            .into());
-        }
-        let block = resource.buffer.size();
-        let mut size = (delta + resource.size).max(item).next_multiple_of(4);
-        if bind_offset + size > block {
-            size = (block - bind_offset) / 4 * 4;
-        }
-        let max = self.info.limits.max_storage_buffer_binding_size;
-        if size > max {
-            return Err(LaunchError::BindingTooLarge {
-                kernel: name.into(),
-                bytes: size,
-                maximum: max,
-                limit: "max_storage_buffer_binding_size",
-            }
-            .into());
-        }
+        let block = resource.buffer.size() / 4 * 4;
+        let range = limits.bind(name, (resource.offset, resource.size, block), item)?;
         Ok((
             BoundBuffer {
                 buffer: resource.buffer,
-                offset: bind_offset,
-                size,
+                offset: range.offset,
+                size: range.size,
             },
-            saturate(per_item(delta)),
-            saturate(per_item(resource.size)),
+            range.base,
+            range.len,
         ))
     }
 
@@ -306,14 +198,12 @@ impl WgpuServer {
         self.batch
             .words
             .resize(start + layout.fixed_words as usize, 0u32);
-        for (value, &offset) in arguments.scalars.iter().zip(&layout.scalar_offsets) {
-            let words = value.word_bits();
-            let at = start + offset as usize;
-            self.batch.words[at] = words[0];
-            if value.elem_type().size() == 8 {
-                self.batch.words[at + 1] = words[1];
-            }
-        }
+        write_scalar_words(
+            &mut self.batch.words,
+            start,
+            &arguments.scalars,
+            &layout.scalar_offsets,
+        );
         for (
             k,
             BufferArgument {
@@ -332,13 +222,120 @@ impl WgpuServer {
             words[header + 1] = len;
             words[header + 2] = shape.rank() as u32;
             words[header + 3] = meta;
-            words.extend(shape.iter().map(|&d| saturate(d as u64)));
-            words.extend(strides.iter().map(|&s| saturate(s as u64)));
+            push_layout_words(words, &shape, &strides);
             self.batch.buffers.push(bound);
             if let Some(keep) = keep.as_deref_mut() {
                 keep.push(binding);
             }
         }
         Ok(())
+    }
+}
+
+impl ComputeServer for WgpuServer {
+    type Kernel = WgpuKernel;
+    type Storage = WgpuStorage;
+    type Info = WgpuInfo;
+
+    fn info(&self) -> WgpuInfo {
+        self.info.clone()
+    }
+
+    /// `get_resource`: the resource behind `binding`, once every submission so far completed.
+    fn get_resource(
+        &mut self,
+        binding: Binding,
+        _stream: StreamId,
+    ) -> Result<WgpuResource, ServerError> {
+        let resource = self.resolve(&binding)?;
+        let index = self.submit_always()?;
+        self.wait_for(index)?;
+        Ok(resource)
+    }
+
+    /// `launch`: check the arguments and the count, and record the launch into the batch (or
+    /// into the stream's capture).
+    ///
+    /// # Safety
+    /// The contract of [`ComputeServer::launch`](compute_core::ComputeServer::launch).
+    unsafe fn launch(
+        &mut self,
+        launch: KernelLaunch<WgpuKernel>,
+        stream: StreamId,
+    ) -> Result<(), ServerError> {
+        let (kernel, count, arguments, mode) =
+            launch.checked(&self.streams.properties().hardware)?;
+        let def = kernel.definition();
+        // Only a graph keeps the bindings (its launches outlive the caller's handles). A batch
+        // does not need them: a slice freed and reused after this launch is written by work
+        // issued later, which the one queue runs after this launch.
+        let capturing = self.stream(stream)?.capture.is_some();
+        let mut bindings: Vec<Binding> = Vec::new();
+        let (count, empty) = match count {
+            CubeCount::Static(x, y, z) => {
+                (DispatchCount::Static([x, y, z]), x == 0 || y == 0 || z == 0)
+            }
+            CubeCount::Dynamic(binding) => {
+                let resource = self.resolve(&binding)?;
+                bindings.push(binding);
+                // Recorded now or by a graph's replay: the guard's status is read from the next
+                // sync or read on (a replay sets this again).
+                self.guard_unread |= !capturing;
+                (
+                    DispatchCount::Dynamic {
+                        buffer: resource.buffer,
+                        offset: resource.offset,
+                    },
+                    false,
+                )
+            }
+        };
+        let checked = mode == ExecutionMode::Checked;
+        let pipeline = self.pipeline(&kernel, checked)?;
+        // The info words and bound buffers go straight into the batch's arenas (taken back on
+        // an error, moved into a graph's launch when capturing).
+        let words = self.batch.words.len();
+        let bound = self.batch.buffers.len();
+        let built = self.build_launch(
+            def,
+            &pipeline,
+            arguments,
+            capturing.then_some(&mut bindings),
+        );
+        if let Err(e) = built {
+            self.batch.words.truncate(words);
+            self.batch.buffers.truncate(bound);
+            return Err(e);
+        }
+        if capturing {
+            let dispatch = Arc::new(Dispatch {
+                pipeline,
+                buffers: self.batch.buffers.drain(bound..).collect(),
+                info: self.batch.words.drain(words..).collect(),
+                count,
+                _bindings: bindings,
+            });
+            if let Some(capture) = &mut self.stream(stream)?.capture
+                && !empty
+            {
+                capture.push(dispatch);
+            }
+            return Ok(());
+        }
+        if empty {
+            self.batch.words.truncate(words);
+            self.batch.buffers.truncate(bound);
+            return Ok(());
+        }
+        self.batch.push_launch(pipeline, words, bound, count);
+        self.submit_if_full()
+    }
+
+    fn flush(&mut self, _stream: StreamId) -> Result<(), ServerError> {
+        self.submit()?;
+        self.take_error()
+    }
+    fn sync(&mut self, stream: StreamId) -> DynFut<Result<(), ServerError>> {
+        self.sync_stream(stream)
     }
 }

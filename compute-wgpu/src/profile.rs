@@ -2,9 +2,9 @@
 //! back once it completed (device timing), or the host's clock around a sync where the device
 //! has no timestamp queries.
 
-use compute_core::future::DynFut;
-use compute_core::profile::{ProfileToken, device_profile, end_profile};
-use compute_core::{ProfileDuration, ProfileError, ServerError, ServerProfile, StreamId};
+use compute_core::profile::{ProfileToken, device_profile, end_profile, start_profile};
+use compute_core::server::ProfileFuture;
+use compute_core::{ProfileError, ServerError, ServerProfile, StreamId};
 
 use crate::batch::Command;
 use crate::poller::gone;
@@ -15,31 +15,12 @@ use crate::transfer::map_read;
 impl ServerProfile for WgpuServer {
     /// `profile_start`: a timestamp into the batch, when the device has timestamp queries.
     fn profile_start(&mut self, stream: StreamId) -> Result<ProfileToken, ProfileError> {
-        self.ensure_not_capturing(stream, "profile")?;
-        let queries = if self.timestamps {
-            let set = self.device.create_query_set(&wgpu::QuerySetDescriptor {
-                label: Some("compute-wgpu profile"),
-                ty: wgpu::QueryType::Timestamp,
-                count: 2,
-            });
-            self.push(Command::Timestamp {
-                set: set.clone(),
-                index: 0,
-            });
-            Some(set)
-        } else {
-            None
-        };
-        Ok(self.profiles.start(queries))
+        start_profile(self, stream, |s| &mut s.profiles, Self::start_timestamps)
     }
 
     /// `profile_end`: the closing timestamp, resolved and read back; the host's clock around a
     /// sync without timestamp queries.
-    fn profile_end(
-        &mut self,
-        token: ProfileToken,
-        stream: StreamId,
-    ) -> DynFut<Result<ProfileDuration, ProfileError>> {
+    fn profile_end(&mut self, token: ProfileToken, stream: StreamId) -> ProfileFuture {
         end_profile(
             self,
             |s| &mut s.profiles,
@@ -51,11 +32,26 @@ impl ServerProfile for WgpuServer {
 }
 
 impl WgpuServer {
+    /// The opening timestamp of a profile, into the batch, when the device has timestamp
+    /// queries.
+    fn start_timestamps(&mut self) -> Result<Option<wgpu::QuerySet>, ProfileError> {
+        if !self.timestamps {
+            return Ok(None);
+        }
+        let set = self.device.create_query_set(&wgpu::QuerySetDescriptor {
+            label: Some("compute-wgpu profile"),
+            ty: wgpu::QueryType::Timestamp,
+            count: 2,
+        });
+        self.push(Command::Timestamp {
+            set: set.clone(),
+            index: 0,
+        });
+        Ok(Some(set))
+    }
+
     /// The device-timed end of a profile: the closing timestamp, then the two read back.
-    fn finish_timestamps(
-        &mut self,
-        set: wgpu::QuerySet,
-    ) -> DynFut<Result<ProfileDuration, ProfileError>> {
+    fn finish_timestamps(&mut self, set: wgpu::QuerySet) -> ProfileFuture {
         let recorded = (|| {
             self.push(Command::Timestamp {
                 set: set.clone(),

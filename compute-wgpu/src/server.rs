@@ -7,10 +7,10 @@
 //! so a write first submits the batch recorded before it.
 //!
 //! This file holds the server's struct, its construction, the per-stream helpers (stream,
-//! resolve, capture check), the [`ServerKit`] and the [`ComputeServer`] core calls. Each role
-//! trait is implemented in the file of its role: [`storage`](crate::storage) (`ServerMemory`),
-//! [`transfer`](crate::transfer) (`ServerTransfer`; `get_resource`), [`launch`](crate::launch)
-//! (pipelines, bindings, launch checks, the indirect guard), [`graph`](crate::graph)
+//! resolve, capture check) and the [`ServerKit`]. Each role trait is implemented in the file of
+//! its role: [`storage`](crate::storage) (`ServerMemory`), [`transfer`](crate::transfer)
+//! (`ServerTransfer`), [`launch`](crate::launch) (the `ComputeServer` core calls: pipelines,
+//! bindings, launch checks, the indirect guard, `get_resource`, flush and sync), [`graph`](crate::graph)
 //! (`ServerGraph`), [`profile`](crate::profile) (`ServerProfile`: timestamps),
 //! [`collective`](crate::collective) (`ServerCollective`: all-reduce) and
 //! [`submitter`](crate::submitter) (the batch limit, submissions and sync). The stream, memory and
@@ -24,17 +24,13 @@ use compute_core::collective::GroupScope;
 use compute_core::future::DynFut;
 use compute_core::handle::HandleOwner;
 use compute_core::profile::ProfileTable;
-use compute_core::{
-    Binding, ComputeServer, CubeCount, DeviceProperties, ExecutionMode, KernelArguments,
-    ServerError, StreamId,
-};
+use compute_core::{Binding, ServerError, StreamId};
 
 use crate::batch::{Batch, Dispatch, Encoder, FreedBuffers, GUARD_STATUS_BYTES, Pipeline};
 use crate::collective::Collectives;
 use crate::compiler::ShaderCapabilities;
 use crate::device::{WgpuDevice, properties};
 use crate::graph::WgpuGraph;
-use crate::kernel::WgpuKernel;
 use crate::poller::Poller;
 use crate::storage::{ResolveCache, ResolveKey, WgpuResource, WgpuStorage};
 use crate::submitter::{BatchLimit, Submitter};
@@ -65,7 +61,6 @@ pub(crate) type StreamState = StreamEntry<WgpuStorage, (), Vec<Arc<Dispatch>>>;
 pub struct WgpuServer {
     pub(crate) info: WgpuInfo,
     pub(crate) owner: HandleOwner,
-    pub(crate) properties: DeviceProperties,
     pub(crate) device: wgpu::Device,
     pub(crate) queue: wgpu::Queue,
     pub(crate) caps: ShaderCapabilities,
@@ -168,8 +163,7 @@ impl WgpuServer {
                 features,
             },
             owner,
-            streams: Streams::new(owner, properties.memory.clone()),
-            properties,
+            streams: Streams::new(owner, properties),
             device,
             queue,
             caps,
@@ -228,19 +222,8 @@ impl WgpuServer {
         Ok(resource)
     }
 
-    pub(crate) fn ensure_not_capturing(
-        &self,
-        stream: StreamId,
-        what: &str,
-    ) -> Result<(), ServerError> {
-        self.streams.ensure_not_capturing(stream, what)
-    }
-
     pub(crate) fn take_error(&self) -> Result<(), ServerError> {
-        match compute_core::error::take_first(&mut self.errors.lock()) {
-            Some(e) => Err(e),
-            None => Ok(()),
-        }
+        compute_core::error::take_result(&mut self.errors.lock())
     }
 }
 
@@ -280,47 +263,5 @@ impl ServerKit for WgpuServer {
             alignment: self.alignment,
             pitch_alignment: None,
         }
-    }
-}
-
-impl ComputeServer for WgpuServer {
-    type Kernel = WgpuKernel;
-    type Storage = WgpuStorage;
-    type Info = WgpuInfo;
-
-    fn info(&self) -> WgpuInfo {
-        self.info.clone()
-    }
-
-    fn properties(&self) -> DeviceProperties {
-        self.properties.clone()
-    }
-
-    fn get_resource(
-        &mut self,
-        binding: Binding,
-        _stream: StreamId,
-    ) -> Result<WgpuResource, ServerError> {
-        self.resource_when_idle(binding)
-    }
-
-    unsafe fn launch(
-        &mut self,
-        kernel: WgpuKernel,
-        count: CubeCount,
-        arguments: KernelArguments,
-        mode: ExecutionMode,
-        stream: StreamId,
-    ) -> Result<(), ServerError> {
-        // SAFETY: the caller's contract of `launch` is passed on unchanged.
-        unsafe { self.launch_kernel(kernel, count, arguments, mode, stream) }
-    }
-
-    fn flush(&mut self, _stream: StreamId) -> Result<(), ServerError> {
-        self.submit()?;
-        self.take_error()
-    }
-    fn sync(&mut self, stream: StreamId) -> DynFut<Result<(), ServerError>> {
-        self.sync_stream(stream)
     }
 }

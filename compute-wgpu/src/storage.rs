@@ -60,17 +60,11 @@ impl ComputeStorage for WgpuStorage {
 
     fn get(&mut self, handle: &StorageHandle) -> Option<WgpuResource> {
         let buffer = self.buffers.get(&handle.id)?;
-        let end = handle
-            .utilization
-            .offset
-            .checked_add(handle.utilization.size)?;
-        if end > buffer.size() {
-            return None;
-        }
+        let (offset, len) = handle.within(buffer.size())?;
         Some(WgpuResource {
             buffer: buffer.clone(),
-            offset: handle.utilization.offset,
-            size: handle.utilization.size,
+            offset,
+            size: len,
         })
     }
 

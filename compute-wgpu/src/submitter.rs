@@ -17,6 +17,7 @@
 use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, mpsc};
 
+use compute_core::backend::ServerKit;
 use compute_core::future::{DynFut, oneshot};
 use compute_core::submit::{Spares, SubmitThread, SubmitWorker};
 use compute_core::{Bytes, ServerError, StreamId};
@@ -454,7 +455,7 @@ impl WgpuServer {
             let mapped = map_read(&staging);
             (staging, mapped)
         });
-        let maximum = self.properties.hardware.max_cube_count;
+        let maximum = self.streams.properties().hardware.max_cube_count;
         let errors = self.errors.clone();
         let completed = self.completion(index);
         Box::pin(async move {
@@ -464,10 +465,7 @@ impl WgpuServer {
             {
                 errors.lock().push_back(e);
             }
-            match compute_core::error::take_first(&mut errors.lock()) {
-                Some(e) => Err(e),
-                None => Ok(()),
-            }
+            compute_core::error::take_result(&mut errors.lock())
         })
     }
 }

@@ -1,4 +1,4 @@
-//! Host-to-device and device-to-host copies: `write`, `read`, `get_resource`, and the staging
+//! Host-to-device and device-to-host copies: `write`, `read`, and the staging
 //! they go through. A write goes to `queue.write_buffer` on the submit thread, whole 4-byte words
 //! only (the words a write covers only partly are read back and merged first); a read records a
 //! copy into a staging buffer and maps it once its submission completed. Every `MAP_READ`
@@ -8,9 +8,12 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use compute_core::future::{DynFut, oneshot};
-use compute_core::layout::{contiguous_strides, for_each_row};
-use compute_core::{Binding, Bytes, CopyDescriptor, ServerError, ServerTransfer, StreamId};
+use compute_core::backend::ServerKit;
+use compute_core::future::oneshot;
+use compute_core::layout::for_each_row;
+use compute_core::server::HostWrite;
+use compute_core::server::ReadFuture;
+use compute_core::{Bytes, CopyDescriptor, ServerError, ServerTransfer, StreamId};
 
 use crate::batch::Command;
 use crate::launch::guard_error;
@@ -71,19 +74,6 @@ pub(crate) enum ReadPart {
         span: usize,
         descriptor: CopyDescriptor,
     },
-}
-
-pub(crate) fn is_contiguous(shape: &[usize], strides: &[usize]) -> bool {
-    strides == contiguous_strides(shape).0.as_slice()
-}
-
-/// Bytes from the first to one past the last element of a strided tensor.
-pub(crate) fn strided_span(shape: &[usize], strides: &[usize], elem_size: usize) -> usize {
-    if shape.contains(&0) {
-        return 0;
-    }
-    let last: usize = shape.iter().zip(strides).map(|(n, s)| (n - 1) * s).sum();
-    (last + 1) * elem_size
 }
 
 /// The bytes of a write that fall into 4-byte words it covers only partly, by word offset in the
@@ -165,17 +155,6 @@ impl WgpuServer {
         }
     }
 
-    /// `get_resource`: the resource behind `binding`, once every submission so far completed.
-    pub(crate) fn resource_when_idle(
-        &mut self,
-        binding: Binding,
-    ) -> Result<WgpuResource, ServerError> {
-        let resource = self.resolve(&binding)?;
-        let index = self.submit_always()?;
-        self.wait_for(index)?;
-        Ok(resource)
-    }
-
     /// The 4-byte words `edges` of `buffer` as they are after every command and write issued so
     /// far, with the pieces of `data` the edges name written over them. The server issues
     /// nothing in between, so writing the merged words back changes exactly the written bytes.
@@ -250,11 +229,7 @@ impl WgpuServer {
 impl ServerTransfer for WgpuServer {
     /// `write`: each write's whole words through `queue.write_buffer` on the submit thread, after
     /// the batch recorded before it; partly covered words merged with the buffer's contents.
-    fn write(
-        &mut self,
-        writes: Vec<(CopyDescriptor, Bytes)>,
-        stream: StreamId,
-    ) -> Result<(), ServerError> {
+    fn write(&mut self, writes: Vec<HostWrite>, stream: StreamId) -> Result<(), ServerError> {
         self.ensure_not_capturing(stream, "write")?;
         for (descriptor, bytes) in writes {
             descriptor.validate_write(bytes.len())?;
@@ -264,7 +239,7 @@ impl ServerTransfer for WgpuServer {
             }
             let mut parts = Vec::new();
             let mut edges = EdgeWords::new();
-            if is_contiguous(&descriptor.shape, &descriptor.strides) {
+            if descriptor.is_contiguous() {
                 plan_write(&target, 0, 0, bytes.len(), &mut parts, &mut edges);
             } else {
                 let mut rows = Vec::new();
@@ -305,23 +280,14 @@ impl ServerTransfer for WgpuServer {
 
     /// `read`: copies into staging buffers, submitted at once, mapped and gathered (compact)
     /// once the submission completed.
-    fn read(
-        &mut self,
-        descriptors: Vec<CopyDescriptor>,
-        stream: StreamId,
-    ) -> DynFut<Result<Vec<Bytes>, ServerError>> {
+    fn read(&mut self, descriptors: Vec<CopyDescriptor>, stream: StreamId) -> ReadFuture {
         let prepared = (|| {
             self.ensure_not_capturing(stream, "read")?;
             self.take_error()?;
-            let mut sources = Vec::with_capacity(descriptors.len());
-            for descriptor in &descriptors {
-                descriptor.validate()?;
-                sources.push(self.resolve(&descriptor.binding)?);
-            }
+            let sources = CopyDescriptor::read_sources(&descriptors, |b| self.resolve(b))?;
             let mut staged = Vec::with_capacity(descriptors.len());
             for (descriptor, source) in descriptors.iter().zip(&sources) {
-                let span =
-                    strided_span(&descriptor.shape, &descriptor.strides, descriptor.elem_size);
+                let span = descriptor.validated_span();
                 if span == 0 {
                     staged.push(None);
                 } else {
@@ -342,7 +308,7 @@ impl ServerTransfer for WgpuServer {
             Ok(p) => p,
             Err(e) => return ready(Err(e)),
         };
-        let maximum = self.properties.hardware.max_cube_count;
+        let maximum = self.streams.properties().hardware.max_cube_count;
         let parts: Vec<ReadPart> = staged
             .into_iter()
             .zip(descriptors)
@@ -387,25 +353,10 @@ impl ServerTransfer for WgpuServer {
                                 ServerError::Driver(format!("reading a readback buffer: {e}"))
                             })?;
                             let raw = &view[delta..delta + span];
-                            if is_contiguous(&descriptor.shape, &descriptor.strides) {
-                                // Mapped readback memory of a discrete GPU reads slowly on one
-                                // thread (1.4 GB/s on the H200's Vulkan driver).
-                                Bytes::from_slice_parallel(raw)
-                            } else {
-                                let mut buf = compute_core::bytes::AlignedBuf::zeroed(
-                                    descriptor.compact_size(),
-                                );
-                                let dst = buf.as_mut_slice();
-                                for_each_row(
-                                    &descriptor.shape,
-                                    &descriptor.strides,
-                                    descriptor.elem_size,
-                                    |s, c, n| {
-                                        dst[c..c + n].copy_from_slice(&raw[s..s + n]);
-                                    },
-                                );
-                                Bytes::from_aligned(buf)
-                            }
+                            // Mapped readback memory of a discrete GPU reads slowly on one
+                            // thread (1.4 GB/s on the H200's Vulkan driver): a compact read is
+                            // copied in parallel.
+                            descriptor.gather(raw)
                         };
                         staging.unmap();
                         out.push(bytes);

@@ -3,6 +3,7 @@
 
 use crate::backend::{CreateRules, Graphs, StreamEntry, Streams};
 use crate::error::ServerError;
+use crate::graph::GraphId;
 use crate::handle::Handle;
 use crate::layout::{MemoryLayout, MemoryLayoutDescriptor};
 use crate::storage::ComputeStorage;
@@ -76,6 +77,43 @@ pub trait ServerKit {
     fn kit_create_buffer(&mut self, size: u64, stream: StreamId) -> Result<Handle, ServerError> {
         let owner = self.kit_streams().owner();
         self.stream(stream)?.create_buffer(owner, stream, size)
+    }
+
+    /// The capture rule of the kit's streams: `what` may not run while a capture runs on
+    /// `stream`.
+    ///
+    /// # Errors
+    /// See [`Streams::ensure_not_capturing`].
+    fn ensure_not_capturing(&self, stream: StreamId, what: &str) -> Result<(), ServerError> {
+        self.kit_streams().ensure_not_capturing(stream, what)
+    }
+
+    /// The kit's `end_capture`: the capture of `stream` ended (automatic memory again) and kept
+    /// as a graph of the registry, for a backend whose graph is made from what its capture
+    /// recorded.
+    ///
+    /// # Errors
+    /// See [`StreamEntry::end_capture`].
+    fn kit_end_capture(&mut self, stream: StreamId) -> Result<GraphId, ServerError>
+    where
+        Self::KitCapture: Into<Self::KitGraph>,
+    {
+        let capture = self.stream(stream)?.end_capture(stream)?;
+        Ok(self.kit_parts().1.insert(stream, capture.into()))
+    }
+
+    /// The kit's checks of `graph_replay`: refused while a capture runs on `stream`, and only on
+    /// the stream `graph` was captured on; the graph to replay.
+    ///
+    /// # Errors
+    /// [`CaptureError::Running`](crate::CaptureError::Running), or see [`Graphs::for_replay`].
+    fn kit_replay(
+        &mut self,
+        graph: GraphId,
+        stream: StreamId,
+    ) -> Result<&mut Self::KitGraph, ServerError> {
+        self.ensure_not_capturing(stream, "graph replay")?;
+        self.kit_parts().1.for_replay(graph, stream)
     }
 
     /// The kit's `graph_prepare`: refused while a capture runs on `stream`, then persistent

@@ -7,6 +7,8 @@
 //! - [`Graphs`]: the registry of captured graphs, with the replay rule (a graph replays on the
 //!   stream it was captured on).
 //!
+//! - [`bind`]: the bound range of a buffer argument and the launch info words, for the backends
+//!   that bind buffer ranges (wgpu, Vulkan).
 //! - [`KernelCache`]: a server's compiled kernels per kernel id and bounds-check mode, the last
 //!   one found answering without hashing.
 //! - [`ServerKit`]: how a server hands its `Streams` and `Graphs` to the default methods of the
@@ -19,6 +21,7 @@
 //! encoding in [`ScalarValue`](crate::kernel::ScalarValue), the error queue in
 //! [`error`](crate::error).
 
+pub mod bind;
 mod graphs;
 mod kernels;
 mod kit;

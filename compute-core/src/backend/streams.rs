@@ -6,9 +6,9 @@ use crate::error::ServerError;
 use crate::handle::{Binding, Handle, HandleOwner};
 use crate::layout::{MemoryLayout, MemoryLayoutDescriptor, pack_tensors};
 use crate::memory::{
-    MemoryAllocationMode, MemoryDeviceProperties, MemoryManagement, MemoryPoolsConfig, MemoryUsage,
-    PoolConfigError,
+    MemoryAllocationMode, MemoryManagement, MemoryPoolsConfig, MemoryUsage, PoolConfigError,
 };
+use crate::properties::DeviceProperties;
 use crate::storage::ComputeStorage;
 use crate::stream::StreamId;
 
@@ -116,13 +116,14 @@ impl<S: ComputeStorage, Q, C> StreamEntry<S, Q, C> {
 pub struct Streams<S: ComputeStorage, Q, C> {
     entries: HashMap<StreamId, StreamEntry<S, Q, C>>,
     owner: HandleOwner,
-    properties: MemoryDeviceProperties,
+    properties: DeviceProperties,
     pool_config: MemoryPoolsConfig,
 }
 
 impl<S: ComputeStorage, Q, C> Streams<S, Q, C> {
-    /// No streams yet, for the server `owner` with memory limits `properties`.
-    pub fn new(owner: HandleOwner, properties: MemoryDeviceProperties) -> Self {
+    /// No streams yet, for the server `owner` of a device described by `properties` (its memory
+    /// limits size the pools).
+    pub fn new(owner: HandleOwner, properties: DeviceProperties) -> Self {
         Self {
             entries: HashMap::new(),
             owner,
@@ -136,6 +137,11 @@ impl<S: ComputeStorage, Q, C> Streams<S, Q, C> {
         self.owner
     }
 
+    /// The properties of the server's device.
+    pub fn properties(&self) -> &DeviceProperties {
+        &self.properties
+    }
+
     /// The stream `id`, created with `create`'s storage and queue when it does not exist yet.
     ///
     /// # Errors
@@ -147,8 +153,9 @@ impl<S: ComputeStorage, Q, C> Streams<S, Q, C> {
     ) -> Result<&mut StreamEntry<S, Q, C>, ServerError> {
         if !self.entries.contains_key(&id) {
             let (storage, queue) = create()?;
-            let memory = MemoryManagement::new(storage, &self.pool_config, self.properties.clone())
-                .map_err(ServerError::from)?;
+            let memory =
+                MemoryManagement::new(storage, &self.pool_config, self.properties.memory.clone())
+                    .map_err(ServerError::from)?;
             self.entries.insert(
                 id,
                 StreamEntry {
@@ -272,7 +279,7 @@ impl<S: ComputeStorage, Q, C> Streams<S, Q, C> {
         config: &MemoryPoolsConfig,
         id: StreamId,
     ) -> Result<bool, PoolConfigError> {
-        config.resolve(&self.properties)?;
+        config.resolve(&self.properties.memory)?;
         self.pool_config = config.clone();
         match self.entries.get_mut(&id) {
             Some(e) => e.memory.reconfigure(config),

@@ -38,12 +38,18 @@ pub fn honest_profile_scales_with_work<R: Runtime>(client: ComputeClient<R>) {
     once(1);
     // Enough iterations that the shorter run takes at least 1 ms, so that a fast device's fixed
     // costs (event timing, launch) do not swamp the work; the growth also stops once the call
-    // itself takes 100 ms of host time, so a profile that misses the work fails the ratio below
+    // itself takes 1 s of host time, so a profile that misses the work fails the ratio below
     // instead of growing the work without end.
     let mut base = 2_000u32;
     while base < 1 << 24 {
-        let (device, host) = timed(base);
-        if device >= Duration::from_millis(1) || host >= Duration::from_millis(100) {
+        // The best of three, so one run slowed by other work on the device does not stop the
+        // growth early.
+        let (device, host) = (0..3)
+            .map(|_| timed(base))
+            .fold((Duration::MAX, Duration::MAX), |(d, h), (dd, hh)| {
+                (d.min(dd), h.min(hh))
+            });
+        if device >= Duration::from_millis(1) || host >= Duration::from_secs(1) {
             break;
         }
         base *= 4;

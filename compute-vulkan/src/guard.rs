@@ -26,7 +26,17 @@ pub(crate) struct IndirectGuard {
     pub(crate) kernel: VulkanKernel,
     pub(crate) args: Handle,
     pub(crate) status: Handle,
-    pub(crate) unread: bool,
+    /// The streams that recorded (or replayed) a guarded launch since the status was last read.
+    pub(crate) streams: Vec<StreamId>,
+}
+
+impl IndirectGuard {
+    /// `stream` recorded a guarded launch: the next status read covers it.
+    pub(crate) fn mark(&mut self, stream: StreamId) {
+        if !self.streams.contains(&stream) {
+            self.streams.push(stream);
+        }
+    }
 }
 
 /// Zeroed status bytes.
@@ -103,13 +113,13 @@ impl VulkanServer {
                 kernel: guard_kernel().into(),
                 args,
                 status,
-                unread: false,
+                streams: Vec::new(),
             });
         }
         let Some(guard) = self.guard.as_mut() else {
             unreachable!("made just above")
         };
-        guard.unread = true;
+        guard.mark(stream);
         let (kernel, args) = (guard.kernel.clone(), guard.args.clone());
         let max = self.properties.hardware.max_cube_count;
         let arguments = KernelArguments::new()
@@ -135,12 +145,18 @@ impl VulkanServer {
 
     /// When an indirect launch was recorded since the status was last read: a read of the
     /// guard's status, and a write clearing it after the read.
-    pub(crate) fn read_guard_status(&mut self, stream: StreamId) -> Option<ReadFuture> {
+    ///
+    /// With the read come the streams it covers: an over-limit error it finds is theirs
+    /// ([`VulkanServer::keep_guard_error`]), not the reading stream's.
+    pub(crate) fn read_guard_status(
+        &mut self,
+        stream: StreamId,
+    ) -> Option<(ReadFuture, Vec<StreamId>)> {
         let guard = self.guard.as_mut()?;
-        if !guard.unread {
+        if guard.streams.is_empty() {
             return None;
         }
-        guard.unread = false;
+        let streams = core::mem::take(&mut guard.streams);
         let status = guard.status.clone();
         let read = self.read(vec![status.clone().copy_descriptor_bytes()], stream);
         if let Err(e) = self.write(
@@ -149,7 +165,7 @@ impl VulkanServer {
         ) {
             self.errors.lock().push_back(e);
         }
-        Some(read)
+        Some((read, streams))
     }
 }
 

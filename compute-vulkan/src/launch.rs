@@ -371,10 +371,10 @@ impl ComputeServer for VulkanServer {
         Ok(())
     }
 
-    fn flush(&mut self, _stream: StreamId) -> Result<(), ServerError> {
+    fn flush(&mut self, stream: StreamId) -> Result<(), ServerError> {
         self.submit()?;
         self.cache.maybe_save();
-        self.take_error()
+        self.take_error(stream)
     }
 
     fn sync(&mut self, stream: StreamId) -> DynFut<Result<(), ServerError>> {
@@ -389,21 +389,22 @@ impl ComputeServer for VulkanServer {
         self.reset_batch_limit();
         self.cache.maybe_save();
         let ctx = self.ctx.clone();
-        let errors = self.errors.clone();
+        let (errors, stream_errors) = (self.errors.clone(), self.stream_errors.clone());
         let maximum = self.properties.hardware.max_cube_count;
         Box::pin(async move {
             ctx.wait(value)?;
-            if let Some(read) = guard {
+            if let Some((read, streams)) = guard {
                 match read.await {
                     Ok(bytes) => {
                         if let Some(e) = guard_error(&bytes, maximum) {
-                            errors.lock().push_back(e);
+                            stream_errors.push(&streams, &e);
                         }
                     }
                     // An error queued before, taken by the read: first again.
                     Err(e) => errors.lock().push_front(e),
                 }
             }
+            stream_errors.take(stream)?;
             compute_core::error::take_result(&mut errors.lock())
         })
     }

@@ -136,6 +136,8 @@ pub struct VulkanServer {
     pub(crate) graphs: Graphs<VulkanGraph>,
     pub(crate) profiles: ProfileTable<QueryPool>,
     pub(crate) errors: ErrorQueue,
+    /// The indirect guard's over-limit errors, kept for the streams whose launches they cover.
+    pub(crate) stream_errors: compute_core::backend::StreamErrors,
     pub(crate) collectives: Collectives,
     pub(crate) words: Vec<u32>,
     pub(crate) info_words: Vec<u32>,
@@ -307,6 +309,7 @@ impl VulkanServer {
             graphs: Graphs::default(),
             profiles: ProfileTable::default(),
             errors,
+            stream_errors: Default::default(),
             collectives: Collectives::new(GroupScope {
                 me: owner.device,
                 count: crate::device::device_count,
@@ -362,7 +365,9 @@ impl VulkanServer {
         self.streams.is_capturing(stream)
     }
 
-    pub(crate) fn take_error(&self) -> Result<(), ServerError> {
+    /// The first error waiting for `stream`: its own guard errors first, then the server's.
+    pub(crate) fn take_error(&self, stream: StreamId) -> Result<(), ServerError> {
+        self.stream_errors.take(stream)?;
         compute_core::error::take_result(&mut self.errors.lock())
     }
 

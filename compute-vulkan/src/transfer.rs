@@ -134,7 +134,7 @@ impl ServerTransfer for VulkanServer {
         let maximum = self.properties.hardware.max_cube_count;
         let prepared = (|| {
             self.ensure_not_capturing(stream, "read")?;
-            self.take_error()?;
+            self.take_error(stream)?;
             let sources = CopyDescriptor::read_sources(&descriptors, |b| self.resolve(b))?;
             self.recorder.recycle();
             let mut parts = Vec::with_capacity(descriptors.len());
@@ -165,12 +165,14 @@ impl ServerTransfer for VulkanServer {
             Ok(p) => p,
             Err(e) => return ready(Err(e)),
         };
+        let stream_errors = self.stream_errors.clone();
         Box::pin(async move {
-            if let Some(read) = guard
+            if let Some((read, streams)) = guard
                 && let Some(e) = guard_error(&read.await?, maximum)
             {
-                return Err(e);
+                stream_errors.push(&streams, &e);
             }
+            stream_errors.take(stream)?;
             pending.ctx.wait(pending.value)?;
             let mut out = Vec::with_capacity(pending.parts.len());
             for part in &pending.parts {

@@ -23,7 +23,11 @@ impl ServerGraph for WgpuServer {
     fn graph_replay(&mut self, graph: GraphId, stream: StreamId) -> Result<(), ServerError> {
         let launches = self.kit_replay(graph, stream)?.clone();
         for launch in &launches {
-            self.guard_unread |= matches!(launch.count, DispatchCount::Dynamic { .. });
+            if matches!(launch.count, DispatchCount::Dynamic { .. })
+                && !self.guard_streams.contains(&stream)
+            {
+                self.guard_streams.push(stream);
+            }
             self.batch.push_dispatch(launch);
             self.submit_if_full()?;
         }

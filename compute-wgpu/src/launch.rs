@@ -51,15 +51,49 @@ pub(crate) async fn guard_error(
     }))
 }
 
+/// A copy of the guard status being read back, and the streams whose indirect launches it
+/// covers.
+pub(crate) struct GuardRead {
+    staging: Staging,
+    mapped: compute_core::future::Receiver<Result<(), wgpu::BufferAsyncError>>,
+    streams: Vec<StreamId>,
+}
+
+impl GuardRead {
+    /// Map the staged copy (after the submission that fills it).
+    pub(crate) fn map((staging, streams): (Staging, Vec<StreamId>)) -> Self {
+        let mapped = crate::transfer::map_read(&staging);
+        GuardRead {
+            staging,
+            mapped,
+            streams,
+        }
+    }
+
+    /// Once the batch completed: the over-limit error the guard recorded, if any, kept for each
+    /// stream whose indirect launches the copy covers (its next flush, sync or read reports it),
+    /// not for whichever stream happened to read the status.
+    pub(crate) async fn deliver(
+        self,
+        maximum: [u32; 3],
+        errors: &compute_core::backend::StreamErrors,
+    ) -> Result<(), ServerError> {
+        if let Some(e) = guard_error(self.staging, self.mapped, maximum).await? {
+            errors.push(&self.streams, &e);
+        }
+        Ok(())
+    }
+}
+
 impl WgpuServer {
     /// When an indirect launch was recorded since the last look: record a copy of the guard's
     /// status into a readback buffer and clear it, to be read once the batch completed (see
     /// [`guard_error`]).
-    pub(crate) fn stage_guard_status(&mut self) -> Option<Staging> {
-        if !self.guard_unread {
+    pub(crate) fn stage_guard_status(&mut self) -> Option<(Staging, Vec<StreamId>)> {
+        if self.guard_streams.is_empty() {
             return None;
         }
-        self.guard_unread = false;
+        let streams = core::mem::take(&mut self.guard_streams);
         let staging =
             self.readback_buffer("compute-wgpu guard status readback", GUARD_STATUS_BYTES);
         self.push(Command::Copy {
@@ -74,7 +108,7 @@ impl WgpuServer {
             offset: 0,
             size: GUARD_STATUS_BYTES,
         });
-        Some(staging)
+        Some((staging, streams))
     }
 
     pub(crate) fn pipeline(
@@ -280,7 +314,9 @@ impl ComputeServer for WgpuServer {
                 bindings.push(binding);
                 // Recorded now or by a graph's replay: the guard's status is read from the next
                 // sync or read on (a replay sets this again).
-                self.guard_unread |= !capturing;
+                if !capturing && !self.guard_streams.contains(&stream) {
+                    self.guard_streams.push(stream);
+                }
                 (
                     DispatchCount::Dynamic {
                         buffer: resource.buffer,
@@ -331,9 +367,9 @@ impl ComputeServer for WgpuServer {
         self.submit_if_full()
     }
 
-    fn flush(&mut self, _stream: StreamId) -> Result<(), ServerError> {
+    fn flush(&mut self, stream: StreamId) -> Result<(), ServerError> {
         self.submit()?;
-        self.take_error()
+        self.take_error(stream)
     }
     fn sync(&mut self, stream: StreamId) -> DynFut<Result<(), ServerError>> {
         self.sync_stream(stream)

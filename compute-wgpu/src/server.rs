@@ -81,8 +81,10 @@ pub struct WgpuServer {
     /// `batch::guard_source`): read and cleared by the next sync or read after an indirect
     /// launch.
     pub(crate) guard_status: wgpu::Buffer,
-    /// Whether an indirect launch was recorded since the guard status was last read.
-    pub(crate) guard_unread: bool,
+    /// The streams that recorded an indirect launch since the guard status was last read.
+    pub(crate) guard_streams: Vec<StreamId>,
+    /// Over-limit errors the guard recorded, kept for the streams whose launches they cover.
+    pub(crate) stream_errors: compute_core::backend::StreamErrors,
     pub(crate) collectives: Collectives,
     /// Bytes of the live readback buffers (see [`WgpuServer::host_memory`]).
     pub(crate) staging_bytes: StagingBytes,
@@ -179,7 +181,8 @@ impl WgpuServer {
             profiles: ProfileTable::default(),
             errors,
             guard_status,
-            guard_unread: false,
+            guard_streams: Vec::new(),
+            stream_errors: Default::default(),
             collectives: Collectives::new(GroupScope {
                 me: owner.device,
                 count: crate::device::device_count,
@@ -222,7 +225,9 @@ impl WgpuServer {
         Ok(resource)
     }
 
-    pub(crate) fn take_error(&self) -> Result<(), ServerError> {
+    /// The first error waiting for `stream`: its own guard errors first, then the server's.
+    pub(crate) fn take_error(&self, stream: StreamId) -> Result<(), ServerError> {
+        self.stream_errors.take(stream)?;
         compute_core::error::take_result(&mut self.errors.lock())
     }
 }

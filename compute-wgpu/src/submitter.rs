@@ -23,10 +23,9 @@ use compute_core::submit::{Spares, SubmitThread, SubmitWorker};
 use compute_core::{Bytes, ServerError, StreamId};
 
 use crate::batch::{Batch, Command, Encoder};
-use crate::launch::guard_error;
+use crate::launch::GuardRead;
 use crate::poller::{Waiter, gone};
 use crate::server::{ErrorQueue, WgpuServer, ready};
-use crate::transfer::map_read;
 
 /// Jobs handed over at most before the server's thread waits for the submit thread: a bound on
 /// the recorded work (and host bytes of writes) in flight.
@@ -451,20 +450,16 @@ impl WgpuServer {
         if let Err(e) = self.submitter.prune() {
             return ready(Err(e));
         }
-        let guard = guard.map(|staging| {
-            let mapped = map_read(&staging);
-            (staging, mapped)
-        });
+        let guard = guard.map(GuardRead::map);
         let maximum = self.streams.properties().hardware.max_cube_count;
-        let errors = self.errors.clone();
+        let (errors, stream_errors) = (self.errors.clone(), self.stream_errors.clone());
         let completed = self.completion(index);
         Box::pin(async move {
             completed.await?;
-            if let Some((staging, mapped)) = guard
-                && let Some(e) = guard_error(staging, mapped, maximum).await?
-            {
-                errors.lock().push_back(e);
+            if let Some(guard) = guard {
+                guard.deliver(maximum, &stream_errors).await?;
             }
+            stream_errors.take(stream)?;
             compute_core::error::take_result(&mut errors.lock())
         })
     }

@@ -16,7 +16,7 @@ use compute_core::server::ReadFuture;
 use compute_core::{Bytes, CopyDescriptor, ServerError, ServerTransfer, StreamId};
 
 use crate::batch::Command;
-use crate::launch::guard_error;
+use crate::launch::GuardRead;
 use crate::poller::gone;
 use crate::server::{WgpuServer, ready};
 use crate::storage::WgpuResource;
@@ -283,7 +283,7 @@ impl ServerTransfer for WgpuServer {
     fn read(&mut self, descriptors: Vec<CopyDescriptor>, stream: StreamId) -> ReadFuture {
         let prepared = (|| {
             self.ensure_not_capturing(stream, "read")?;
-            self.take_error()?;
+            self.take_error(stream)?;
             let sources = CopyDescriptor::read_sources(&descriptors, |b| self.resolve(b))?;
             let mut staged = Vec::with_capacity(descriptors.len());
             for (descriptor, source) in descriptors.iter().zip(&sources) {
@@ -298,10 +298,7 @@ impl ServerTransfer for WgpuServer {
             let guard = self.stage_guard_status();
             self.idle();
             let index = self.submit_indexed(false)?;
-            let guard = guard.map(|staging| {
-                let mapped = map_read(&staging);
-                (staging, mapped)
-            });
+            let guard = guard.map(GuardRead::map);
             Ok::<_, ServerError>((staged, index, guard))
         })();
         let (staged, index, guard) = match prepared {
@@ -324,16 +321,16 @@ impl ServerTransfer for WgpuServer {
             })
             .collect();
         let completed = index.map(|index| self.completion(index));
+        let stream_errors = self.stream_errors.clone();
         Box::pin(async move {
             // The maps complete during this wait (their callbacks run on the poll thread).
             if let Some(completed) = completed {
                 completed.await?;
             }
-            if let Some((staging, mapped)) = guard
-                && let Some(e) = guard_error(staging, mapped, maximum).await?
-            {
-                return Err(e);
+            if let Some(guard) = guard {
+                guard.deliver(maximum, &stream_errors).await?;
             }
+            stream_errors.take(stream)?;
             let mut out = Vec::with_capacity(parts.len());
             for part in parts {
                 match part {

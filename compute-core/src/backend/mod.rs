@@ -22,11 +22,13 @@
 //! [`error`](crate::error).
 
 pub mod bind;
+mod errors;
 mod graphs;
 mod kernels;
 mod kit;
 mod streams;
 
+pub use errors::StreamErrors;
 pub use graphs::Graphs;
 pub use kernels::KernelCache;
 pub use kit::{KitStreamEntry, KitStreams, ServerKit};

@@ -182,6 +182,61 @@ pub fn over_limit_dynamic_count_is_an_error<R: Runtime>(client: ComputeClient<R>
     sync(&client);
 }
 
+/// An over-limit dynamic count's error reaches the stream that launched it, once: a sync and a
+/// read of another stream of the same server in between succeed. (wgpu reads its guard status,
+/// one buffer per server, from whichever stream syncs first: the error went to that stream.)
+pub fn dynamic_count_error_reaches_its_own_stream<R: Runtime>(client: ComputeClient<R>) {
+    drop(client);
+    let own = ComputeClient::<R>::isolated(&R::Device::default()).unwrap();
+    let maximum = own.properties().hardware.max_cube_count;
+    if maximum[0] == u32::MAX {
+        compute_core::env::report_reduced(&format!(
+            "{}: no u32 count exceeds max_cube_count {maximum:?} on {}; the over-limit error could not be provoked",
+            R::name(),
+            own.properties().name
+        ));
+        return;
+    }
+    let (mut a, mut b) = (own.clone(), own);
+    // SAFETY: two fresh streams, each used by this thread only.
+    unsafe {
+        a.set_stream(StreamId::fresh());
+        b.set_stream(StreamId::fresh());
+    }
+    let out_b = b.create(f32_bytes(&[1.0; 4]));
+    sync(&b);
+    let over = [maximum[0] + 1, 1, 1];
+    let count = a.create(Bytes::from_elems(over.to_vec()));
+    let out_a = a.create(f32_bytes(&[7.0; 64]));
+    a.launch(
+        kernels::fill_f32().into(),
+        CubeCount::Dynamic(count.binding()),
+        KernelArguments::new()
+            .buffer(out_a.clone().binding())
+            .scalar(3.0f32),
+    );
+    a.flush().ok();
+    assert_eq!(block_on(b.sync()), Ok(()), "another stream's sync");
+    assert_eq!(
+        b.read_one(out_b).unwrap().to_elems::<f32>(),
+        vec![1.0; 4],
+        "another stream's read"
+    );
+    assert_eq!(
+        block_on(a.sync()).unwrap_err(),
+        ServerError::Launch(LaunchError::CubeCountTooLarge {
+            count: over,
+            maximum
+        }),
+        "the launching stream's sync"
+    );
+    assert_eq!(
+        a.read_one(out_a).unwrap().to_elems::<f32>(),
+        vec![7.0; 64],
+        "nothing ran, and the error was reported once"
+    );
+}
+
 /// A graph keeps the buffers it recorded: replayed after its input's handle was dropped and new
 /// buffers of the same size (with other data) were made, it computes from the recorded input.
 pub fn graph_keeps_recorded_buffers_alive<R: Runtime>(mut client: ComputeClient<R>) {

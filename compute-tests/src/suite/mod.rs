@@ -165,6 +165,7 @@ macro_rules! for_each_test {
             profile::measure_launch_overhead_samples,
             defects::writes_change_exactly_their_bytes,
             defects::over_limit_dynamic_count_is_an_error,
+            defects::dynamic_count_error_reaches_its_own_stream,
             defects::graph_keeps_recorded_buffers_alive,
             defects::largest_buffer_allocates,
         );

@@ -198,6 +198,8 @@ impl ServerMemory for crate::server::VulkanServer {
         if !self.streams.try_retire(stream, |_| true) {
             return false;
         }
+        // A guard error still kept for the stream has no caller left to report it to.
+        self.stream_errors.forget(stream);
         self.forget_resolved();
         self.drain_retired();
         true

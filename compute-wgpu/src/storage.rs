@@ -177,8 +177,13 @@ impl ServerMemory for crate::server::WgpuServer {
         // buffers holds their bindings (in-use slices) or wgpu's own reference to the buffer,
         // which wgpu keeps until that work has run. So no wait: a stream with no live handle is
         // idle as far as its pools go.
-        // Dropping the state drops its pools' buffers.
-        self.streams.try_retire(stream, |_| true)
+        // Dropping the state drops its pools' buffers; a guard error still kept for the stream
+        // has no caller left to report it to.
+        let retired = self.streams.try_retire(stream, |_| true);
+        if retired {
+            self.stream_errors.forget(stream);
+        }
+        retired
     }
 
     /// `host_memory_usage`:

@@ -79,12 +79,17 @@ struct HeaderCheck {
 
 type Comms = HashMap<Vec<DeviceId>, Group>;
 
-fn registry() -> MutexGuard<'static, Comms> {
-    static COMMS: OnceLock<Mutex<Comms>> = OnceLock::new();
-    COMMS
-        .get_or_init(|| Mutex::new(HashMap::new()))
+/// A process-wide table, locked (a panic while it was held leaves it usable: its entries are
+/// each complete).
+fn global<T: Default>(cell: &'static OnceLock<Mutex<T>>) -> MutexGuard<'static, T> {
+    cell.get_or_init(Mutex::default)
         .lock()
         .unwrap_or_else(|p| p.into_inner())
+}
+
+fn registry() -> MutexGuard<'static, Comms> {
+    static COMMS: OnceLock<Mutex<Comms>> = OnceLock::new();
+    global(&COMMS)
 }
 
 fn nccl_error(what: &str, e: nccl::NcclError) -> ServerError {
@@ -505,10 +510,7 @@ type Issued = HashMap<HandleOwner, Vec<(Vec<DeviceId>, [Binding; 2])>>;
 
 fn issued() -> MutexGuard<'static, Issued> {
     static ISSUED: OnceLock<Mutex<Issued>> = OnceLock::new();
-    ISSUED
-        .get_or_init(|| Mutex::new(HashMap::new()))
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
+    global(&ISSUED)
 }
 
 /// The first disagreement of a round's calls (element type, operation, element count): NCCL

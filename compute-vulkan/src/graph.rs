@@ -89,7 +89,7 @@ impl ServerGraph for VulkanServer {
         self.ensure_not_capturing(stream, "graph replay")?;
         // A graph may hold guarded indirect launches: read the guard's status at the next sync.
         if let Some(guard) = &mut self.guard {
-            guard.mark(stream);
+            guard.streams.mark(stream);
         }
         let graph = self.graphs.for_replay(graph, stream)?;
         // The graph's first command is a barrier against earlier work.

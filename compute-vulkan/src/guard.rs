@@ -27,16 +27,7 @@ pub(crate) struct IndirectGuard {
     pub(crate) args: Handle,
     pub(crate) status: Handle,
     /// The streams that recorded (or replayed) a guarded launch since the status was last read.
-    pub(crate) streams: Vec<StreamId>,
-}
-
-impl IndirectGuard {
-    /// `stream` recorded a guarded launch: the next status read covers it.
-    pub(crate) fn mark(&mut self, stream: StreamId) {
-        if !self.streams.contains(&stream) {
-            self.streams.push(stream);
-        }
-    }
+    pub(crate) streams: compute_core::backend::MarkedStreams,
 }
 
 /// Zeroed status bytes.
@@ -113,13 +104,13 @@ impl VulkanServer {
                 kernel: guard_kernel().into(),
                 args,
                 status,
-                streams: Vec::new(),
+                streams: Default::default(),
             });
         }
         let Some(guard) = self.guard.as_mut() else {
             unreachable!("made just above")
         };
-        guard.mark(stream);
+        guard.streams.mark(stream);
         let (kernel, args) = (guard.kernel.clone(), guard.args.clone());
         let max = self.properties.hardware.max_cube_count;
         let arguments = KernelArguments::new()
@@ -147,7 +138,7 @@ impl VulkanServer {
     /// guard's status, and a write clearing it after the read.
     ///
     /// With the read come the streams it covers: an over-limit error it finds is theirs
-    /// ([`VulkanServer::keep_guard_error`]), not the reading stream's.
+    /// (kept for them in `stream_errors`), not the reading stream's.
     pub(crate) fn read_guard_status(
         &mut self,
         stream: StreamId,
@@ -156,7 +147,7 @@ impl VulkanServer {
         if guard.streams.is_empty() {
             return None;
         }
-        let streams = core::mem::take(&mut guard.streams);
+        let streams = guard.streams.take();
         let status = guard.status.clone();
         let read = self.read(vec![status.clone().copy_descriptor_bytes()], stream);
         if let Err(e) = self.write(

@@ -400,8 +400,8 @@ impl ComputeServer for VulkanServer {
                             stream_errors.push(&streams, &e);
                         }
                     }
-                    // An error queued before, taken by the read: first again.
-                    Err(e) => errors.lock().push_front(e),
+                    // An error queued before, taken by the status read: this sync's.
+                    Err(e) => return Err(e),
                 }
             }
             stream_errors.take(stream)?;

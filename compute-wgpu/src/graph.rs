@@ -23,10 +23,8 @@ impl ServerGraph for WgpuServer {
     fn graph_replay(&mut self, graph: GraphId, stream: StreamId) -> Result<(), ServerError> {
         let launches = self.kit_replay(graph, stream)?.clone();
         for launch in &launches {
-            if matches!(launch.count, DispatchCount::Dynamic { .. })
-                && !self.guard_streams.contains(&stream)
-            {
-                self.guard_streams.push(stream);
+            if matches!(launch.count, DispatchCount::Dynamic { .. }) {
+                self.guard_streams.mark(stream);
             }
             self.batch.push_dispatch(launch);
             self.submit_if_full()?;

@@ -93,7 +93,7 @@ impl WgpuServer {
         if self.guard_streams.is_empty() {
             return None;
         }
-        let streams = core::mem::take(&mut self.guard_streams);
+        let streams = self.guard_streams.take();
         let staging =
             self.readback_buffer("compute-wgpu guard status readback", GUARD_STATUS_BYTES);
         self.push(Command::Copy {
@@ -314,8 +314,8 @@ impl ComputeServer for WgpuServer {
                 bindings.push(binding);
                 // Recorded now or by a graph's replay: the guard's status is read from the next
                 // sync or read on (a replay sets this again).
-                if !capturing && !self.guard_streams.contains(&stream) {
-                    self.guard_streams.push(stream);
+                if !capturing {
+                    self.guard_streams.mark(stream);
                 }
                 (
                     DispatchCount::Dynamic {

@@ -82,7 +82,7 @@ pub struct WgpuServer {
     /// launch.
     pub(crate) guard_status: wgpu::Buffer,
     /// The streams that recorded an indirect launch since the guard status was last read.
-    pub(crate) guard_streams: Vec<StreamId>,
+    pub(crate) guard_streams: compute_core::backend::MarkedStreams,
     /// Over-limit errors the guard recorded, kept for the streams whose launches they cover.
     pub(crate) stream_errors: compute_core::backend::StreamErrors,
     pub(crate) collectives: Collectives,
@@ -181,7 +181,7 @@ impl WgpuServer {
             profiles: ProfileTable::default(),
             errors,
             guard_status,
-            guard_streams: Vec::new(),
+            guard_streams: Default::default(),
             stream_errors: Default::default(),
             collectives: Collectives::new(GroupScope {
                 me: owner.device,

@@ -45,6 +45,31 @@ impl StreamErrors {
     }
 }
 
+/// The streams that recorded work of one kind since the last look (for the indirect guard:
+/// the streams whose launches the next status read covers, and so the owners of an error it
+/// finds).
+#[derive(Debug, Clone, Default)]
+pub struct MarkedStreams(Vec<StreamId>);
+
+impl MarkedStreams {
+    /// `stream` recorded such work (once per stream until the next [`take`](Self::take)).
+    pub fn mark(&mut self, stream: StreamId) {
+        if !self.0.contains(&stream) {
+            self.0.push(stream);
+        }
+    }
+
+    /// Whether no stream recorded such work since the last look.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// The marked streams, leaving none marked.
+    pub fn take(&mut self) -> Vec<StreamId> {
+        core::mem::take(&mut self.0)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

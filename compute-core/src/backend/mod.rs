@@ -28,7 +28,7 @@ mod kernels;
 mod kit;
 mod streams;
 
-pub use errors::StreamErrors;
+pub use errors::{MarkedStreams, StreamErrors};
 pub use graphs::Graphs;
 pub use kernels::KernelCache;
 pub use kit::{KitStreamEntry, KitStreams, ServerKit};

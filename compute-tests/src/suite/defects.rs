@@ -75,9 +75,9 @@ pub fn writes_change_exactly_their_bytes<R: Runtime>(client: ComputeClient<R>) {
 /// `LaunchError::CubeCountTooLarge` with the count read and the limit; the client goes on
 /// working, and the buffers read back unchanged.
 ///
-/// On a server of its own: wgpu reads its indirect guard's status, and queues errors, per
-/// server rather than per stream, so a sync of another test on the shared server could take the
-/// error (seen on an H100: `persistent_allocations` got this test's over-limit second axis).
+/// On a server of its own, so that nothing else on the device shares its error queue (before
+/// the guard's errors were kept per stream, a sync of another test on the shared wgpu server
+/// took this test's over-limit second axis on an H100).
 pub fn over_limit_dynamic_count_is_an_error<R: Runtime>(client: ComputeClient<R>) {
     drop(client);
     let client = ComputeClient::<R>::isolated(&R::Device::default()).unwrap();

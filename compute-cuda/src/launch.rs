@@ -15,16 +15,20 @@ use cudarc::driver::{result, sys};
 use smallvec::SmallVec;
 
 use crate::compiler::codegen::{MAX_RANK, META_BYTES};
-use crate::compiler::{self, CompiledKernel};
+use crate::compiler::{self, CompiledKernel, PackedParams};
 use crate::driver::Check;
 use crate::kernel::CudaKernel;
 use crate::server::{CudaInfo, CudaServer};
 use crate::storage::{CudaResource, CudaStorage};
 
-/// Bytes of one launch parameter slot (the biggest parameter is a `Meta`).
+/// Words of one launch parameter slot (the biggest parameter is a `Meta`).
 pub(crate) const SLOT_WORDS: usize = META_BYTES.div_ceil(8);
 
-fn meta_slot(shape: &[usize], strides: &[usize]) -> Result<[u64; SLOT_WORDS], ServerError> {
+/// Bytes of one launch parameter slot.
+pub(crate) const SLOT_BYTES: usize = SLOT_WORDS * 8;
+
+/// The `Meta` of a buffer argument: its rank, then shape and strides (each clamped to `u32`).
+fn meta_words(shape: &[usize], strides: &[usize]) -> Result<[u32; 1 + 2 * MAX_RANK], ServerError> {
     if shape.len() > MAX_RANK || strides.len() != shape.len() {
         return Err(compute_core::error::LaunchError::MetadataTooLarge {
             rank: shape.len().max(strides.len()),
@@ -38,10 +42,42 @@ fn meta_slot(shape: &[usize], strides: &[usize]) -> Result<[u64; SLOT_WORDS], Se
         words[1 + i] = n.min(u32::MAX as usize) as u32;
         words[1 + MAX_RANK + i] = s.min(u32::MAX as usize) as u32;
     }
-    let mut slot = [0u64; SLOT_WORDS];
-    bytemuck::cast_slice_mut::<u64, u8>(&mut slot)[..META_BYTES]
-        .copy_from_slice(bytemuck::cast_slice(&words));
-    Ok(slot)
+    Ok(words)
+}
+
+/// Where a launch's parameter values go, in [`ParamLayout`](crate::compiler::codegen::ParamLayout)
+/// order: the kernel's packed buffer at the offsets the driver reported (one copy for the
+/// driver to take), or one slot per parameter (the pointer array of `kernelParams`).
+enum ParamSink<'a> {
+    Packed {
+        table: &'a PackedParams,
+        bytes: &'a mut [u8],
+        next: usize,
+    },
+    Slots(&'a mut Vec<[u64; SLOT_WORDS]>),
+}
+
+impl ParamSink<'_> {
+    /// The next parameter: `value`'s little-endian bytes, cut to the parameter's size (a
+    /// narrower scalar keeps its low bytes) or padded with zeros.
+    fn push(&mut self, value: &[u8]) {
+        match self {
+            ParamSink::Packed { table, bytes, next } => {
+                let (offset, size) = table.params[*next];
+                *next += 1;
+                let (offset, size) = (offset as usize, size as usize);
+                let n = size.min(value.len());
+                bytes[offset..offset + n].copy_from_slice(&value[..n]);
+                bytes[offset + n..offset + size].fill(0);
+            }
+            ParamSink::Slots(slots) => {
+                let mut slot = [0u64; SLOT_WORDS];
+                let n = value.len().min(SLOT_BYTES);
+                bytemuck::cast_slice_mut::<u64, u8>(&mut slot)[..n].copy_from_slice(&value[..n]);
+                slots.push(slot);
+            }
+        }
+    }
 }
 
 impl CudaServer {
@@ -161,12 +197,28 @@ impl ComputeServer for CudaServer {
             .into());
         }
         let layout = &compiled.layout;
-        // The slots of the last launch, emptied: no allocation once their capacity suffices.
+        let count_params = 2 * layout.buffers + layout.meta.len() + layout.scalars.len();
+        // The buffers of the last launch, emptied: no allocation once their capacity suffices.
+        let mut packed = core::mem::take(&mut self.launch_packed);
         let mut slots = core::mem::take(&mut self.launch_slots);
         slots.clear();
-        slots.reserve(2 * layout.buffers + layout.meta.len() + layout.scalars.len());
+        let mut sink = match &compiled.packed {
+            Some(table) => {
+                packed.clear();
+                packed.resize(table.bytes.div_ceil(8), 0);
+                ParamSink::Packed {
+                    table,
+                    bytes: &mut bytemuck::cast_slice_mut::<u64, u8>(&mut packed)[..table.bytes],
+                    next: 0,
+                }
+            }
+            None => {
+                slots.reserve(count_params);
+                ParamSink::Slots(&mut slots)
+            }
+        };
         for (arg, decl) in arguments.buffers.iter().zip(definition.buffers()) {
-            let resource = self.resolve(&arg.binding)?;
+            let resource = self.streams.resolve(&arg.binding)?;
             let item = decl.item().size() as u64;
             let align = item.min(16);
             if resource.ptr % align != 0 {
@@ -178,25 +230,17 @@ impl ComputeServer for CudaServer {
                 }
                 .into());
             }
-            let mut ptr = [0u64; SLOT_WORDS];
-            ptr[0] = resource.ptr;
-            let mut len = [0u64; SLOT_WORDS];
-            len[0] = resource.len / item;
-            slots.push(ptr);
-            slots.push(len);
+            sink.push(&resource.ptr.to_le_bytes());
+            sink.push(&(resource.len / item).to_le_bytes());
         }
         for &b in &layout.meta {
             let arg = &arguments.buffers[b];
-            slots.push(meta_slot(&arg.shape, &arg.strides)?);
+            sink.push(bytemuck::cast_slice(&meta_words(&arg.shape, &arg.strides)?));
         }
         for value in &arguments.scalars {
-            let mut slot = [0u64; SLOT_WORDS];
-            slot[0] = value.native_bits();
-            slots.push(slot);
+            sink.push(&value.native_bits().to_le_bytes());
         }
-        // On the stack for the usual kernel: no allocation on the launch path.
-        let mut params: SmallVec<[*mut core::ffi::c_void; 32]> =
-            slots.iter_mut().map(|s| s.as_mut_ptr().cast()).collect();
+        drop(sink);
         let mut bindings: SmallVec<[&Binding; 16]> =
             arguments.buffers.iter().map(|b| &b.binding).collect();
         if let CubeCount::Dynamic(b) = &count {
@@ -205,9 +249,32 @@ impl ComputeServer for CudaServer {
         self.order_after(stream, &bindings)?;
         let raw = self.stream(stream)?.queue.raw;
         let [bx, by, bz] = compiled.cube_dim;
-        // SAFETY: the parameters match the generated signature (`ParamLayout`), every pointer is
-        // a live device range kept alive by stream order or `mark`; for unchecked launches the
-        // caller promised in-bounds accesses.
+        // On the stack for the usual kernel: no allocation on the launch path.
+        let mut params: SmallVec<[*mut core::ffi::c_void; 32]> = SmallVec::new();
+        let mut packed_size = compiled.packed.as_ref().map_or(0, |t| t.bytes);
+        let mut extra = [
+            sys::CU_LAUNCH_PARAM_BUFFER_POINTER_AS_INT as usize as *mut core::ffi::c_void,
+            packed.as_mut_ptr().cast(),
+            sys::CU_LAUNCH_PARAM_BUFFER_SIZE_AS_INT as usize as *mut core::ffi::c_void,
+            (&mut packed_size as *mut usize).cast(),
+            sys::CU_LAUNCH_PARAM_END_AS_INT as usize as *mut core::ffi::c_void,
+        ];
+        let (kernel_params, extra) = match &compiled.packed {
+            // No parameters at all: neither form.
+            Some(table) if table.bytes == 0 => (core::ptr::null_mut(), core::ptr::null_mut()),
+            Some(_) => (core::ptr::null_mut(), extra.as_mut_ptr()),
+            None => {
+                compiler::count_unpacked_launch();
+                params.extend(slots.iter_mut().map(|s| s.as_mut_ptr().cast()));
+                (params.as_mut_ptr(), core::ptr::null_mut())
+            }
+        };
+        // SAFETY: the parameters match the generated signature: the packed buffer holds each at
+        // the offset and size the driver reported for this function (`PackedParams`), or
+        // `kernel_params` points to one live slot per parameter in `ParamLayout` order. Every
+        // pointer is a live device range kept alive by stream order or `mark`; for unchecked
+        // launches the caller promised in-bounds accesses. The driver copies the parameters
+        // before returning, so the buffers may be reused after the call.
         unsafe {
             sys::cuLaunchKernel(
                 compiled.function.0,
@@ -219,14 +286,15 @@ impl ComputeServer for CudaServer {
                 bz,
                 layout.shared_bytes as u32,
                 raw.0,
-                params.as_mut_ptr(),
-                core::ptr::null_mut(),
+                kernel_params,
+                extra,
             )
         }
         .result()
         .check("cuLaunchKernel")?;
         drop(params);
         self.launch_slots = slots;
+        self.launch_packed = packed;
         self.mark(stream, &bindings, None)
     }
 
@@ -245,10 +313,62 @@ mod tests {
 
     #[test]
     fn launch_parameters_are_little_endian_words() {
-        let slot = meta_slot(&[3, 4], &[4, 1]).unwrap();
-        let words: &[u32] = bytemuck::cast_slice(&slot);
+        let words = meta_words(&[3, 4], &[4, 1]).unwrap();
         assert_eq!(&words[..3], &[2, 3, 4]);
         assert_eq!(words[1 + MAX_RANK], 4);
-        assert!(meta_slot(&[1; 9], &[1; 9]).is_err());
+        assert_eq!(words[1 + MAX_RANK + 1], 1);
+        assert!(meta_words(&[1; 9], &[1; 9]).is_err());
+        assert!(meta_words(&[1, 2], &[1]).is_err());
+    }
+
+    #[test]
+    fn packed_parameters_land_at_the_driver_offsets() {
+        // A pointer, a length, a 68-byte Meta (4-aligned) and a 1-byte scalar then a 2-byte one.
+        let table = PackedParams {
+            params: vec![(0, 8), (8, 8), (16, 68), (84, 1), (86, 2)],
+            bytes: 88,
+        };
+        let mut bytes = [0xaau8; 88];
+        let mut sink = ParamSink::Packed {
+            table: &table,
+            bytes: &mut bytes,
+            next: 0,
+        };
+        sink.push(&0x1122_3344_5566_7788u64.to_le_bytes());
+        sink.push(&5u64.to_le_bytes());
+        let meta = meta_words(&[2], &[1]).unwrap();
+        sink.push(bytemuck::cast_slice(&meta));
+        sink.push(
+            &compute_core::kernel::ScalarValue::I8(-2)
+                .native_bits()
+                .to_le_bytes(),
+        );
+        sink.push(
+            &compute_core::kernel::ScalarValue::U16(0xbeef)
+                .native_bits()
+                .to_le_bytes(),
+        );
+        drop(sink);
+        assert_eq!(&bytes[..8], &0x1122_3344_5566_7788u64.to_le_bytes());
+        assert_eq!(&bytes[8..16], &5u64.to_le_bytes());
+        assert_eq!(&bytes[16..20], &1u32.to_le_bytes());
+        assert_eq!(&bytes[20..24], &2u32.to_le_bytes());
+        assert_eq!(&bytes[16 + 4 * (1 + MAX_RANK)..][..4], &1u32.to_le_bytes());
+        assert_eq!(bytes[84], 0xfe);
+        // The padding byte between the two scalars is left as it was.
+        assert_eq!(bytes[85], 0xaa);
+        assert_eq!(&bytes[86..88], &[0xef, 0xbe]);
+
+        let mut slots = Vec::new();
+        let mut sink = ParamSink::Slots(&mut slots);
+        sink.push(&0xfeu64.to_le_bytes()[..1]);
+        sink.push(bytemuck::cast_slice(&meta));
+        drop(sink);
+        assert_eq!(slots.len(), 2);
+        assert_eq!(slots[0][0], 0xfe);
+        assert_eq!(
+            &bytemuck::cast_slice::<u64, u32>(&slots[1])[..3],
+            &[1, 2, 0]
+        );
     }
 }

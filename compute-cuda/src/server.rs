@@ -66,6 +66,9 @@ pub struct CudaServer {
     /// The launch parameter slots of the last launch, kept for their capacity: a launch packs
     /// its parameters without allocating.
     pub(crate) launch_slots: Vec<[u64; crate::launch::SLOT_WORDS]>,
+    /// The packed parameter buffer of the last launch (words: 8-byte aligned), kept for its
+    /// capacity.
+    pub(crate) launch_packed: Vec<u64>,
     pub(crate) graphs: Graphs<CudaGraph>,
     pub(crate) profiles: HashMap<u64, Raw<sys::CUevent>>,
     pub(crate) next_profile: u64,
@@ -116,6 +119,7 @@ impl CudaServer {
             issue_error: None,
             kernels: KernelCache::default(),
             launch_slots: Vec::new(),
+            launch_packed: Vec::new(),
             graphs: Graphs::default(),
             profiles: HashMap::new(),
             next_profile: 1,

@@ -443,3 +443,108 @@ fn host_memory_usage_counts_the_servers_pinned_memory() {
         }
     }
 }
+
+/// A launch passes its parameters as one packed buffer at the offsets the driver reports
+/// (`cuFuncGetParamInfo`): pointers, lengths, a `Meta` and scalars of every width, with the
+/// padding the C++ signature puts between them, arrive exactly (checked against the CPU
+/// backend's reference executor), and no launch fell back to one pointer per parameter.
+#[test]
+fn packed_parameters_arrive_exactly() {
+    let _serial = serial();
+    let Some(client) = cuda() else { return };
+    let mut k = KernelBuilder::new("packed_params", [1, 1, 1]);
+    let t = k.input("t", ElemType::F32, 1);
+    let ints = k.output("ints", ElemType::I64, 1);
+    let floats = k.output("floats", ElemType::F64, 1);
+    let scalars = [
+        k.scalar("a", ElemType::I8),
+        k.scalar("b", ElemType::F64),
+        k.scalar("c", ElemType::U16),
+        k.scalar("d", ElemType::Bool),
+        k.scalar("e", ElemType::I64),
+        k.scalar("f", ElemType::F32),
+        k.scalar("g", ElemType::I16),
+        k.scalar("h", ElemType::U8),
+    ];
+    for (i, s) in scalars.into_iter().enumerate() {
+        let wide = k.cast(s, ElemType::I64);
+        k.store(ints, i as u32, wide);
+        let f = k.cast(s, ElemType::F64);
+        k.store(floats, i as u32, f);
+    }
+    let rank = k.rank(t);
+    let rank = k.cast(rank, ElemType::I64);
+    k.store(ints, 8u32, rank);
+    for d in 0..3u32 {
+        let n = k.shape(t, d);
+        let n = k.cast(n, ElemType::I64);
+        k.store(ints, 9 + d, n);
+        let s = k.stride(t, d);
+        let s = k.cast(s, ElemType::I64);
+        k.store(ints, 12 + d, s);
+    }
+    let len = k.len(t);
+    let len = k.cast(len, ElemType::I64);
+    k.store(ints, 15u32, len);
+    let def = k.build().expect("packed_params");
+    fn launch_on<R: Runtime>(
+        client: &ComputeClient<R>,
+        def: &KernelDefinition,
+    ) -> (Vec<i64>, Vec<f64>)
+    where
+        <R::Server as compute_core::ComputeServer>::Kernel: From<KernelDefinition>,
+    {
+        let t = client.create(Bytes::from_elems(vec![0.0f32; 24]));
+        let ints = client.create(Bytes::zeroed(16 * 8));
+        let floats = client.create(Bytes::zeroed(8 * 8));
+        let args = KernelArguments::new()
+            .tensor(t.binding(), [2, 3, 4], [12, 4, 1])
+            .buffer(ints.clone().binding())
+            .buffer(floats.clone().binding())
+            .scalar(-5i8)
+            .scalar(-1536.25f64)
+            .scalar(65_000u16)
+            .scalar(true)
+            .scalar(i64::MIN + 3)
+            .scalar(-2.5f32)
+            .scalar(-30_000i16)
+            .scalar(250u8);
+        client.launch(def.clone().into(), CubeCount::Static(1, 1, 1), args);
+        (
+            client.read_one(ints).unwrap().to_elems::<i64>(),
+            client.read_one(floats).unwrap().to_elems::<f64>(),
+        )
+    }
+    let before = compute_cuda::unpacked_launches();
+    let got = launch_on(&client, &def);
+    assert_eq!(
+        compute_cuda::unpacked_launches(),
+        before,
+        "the launch passed one pointer per parameter, not the packed buffer"
+    );
+    let cpu = ComputeClient::<CpuRuntime>::load(&CpuDevice::default());
+    let want = launch_on(&cpu, &def);
+    assert_eq!(
+        &want.0,
+        &[
+            -5,
+            -1536,
+            65_000,
+            1,
+            i64::MIN + 3,
+            -2,
+            -30_000,
+            250,
+            3,
+            2,
+            3,
+            4,
+            12,
+            4,
+            1,
+            24
+        ],
+        "the reference itself"
+    );
+    assert_eq!(got, want);
+}

@@ -140,6 +140,44 @@ fn raw_fill(raw: &Raw, f: sys::CUfunction, ptr: u64, len: u64, cubes: u32) {
         .expect("launch");
 }
 
+/// [`raw_fill`] with the parameters in one packed buffer (`CU_LAUNCH_PARAM_BUFFER_POINTER`) at
+/// the offsets the driver reports for `f`: the form compute-cuda's launches use.
+fn raw_fill_packed(raw: &Raw, f: sys::CUfunction, value_at: usize, ptr: u64, len: u64, cubes: u32) {
+    let mut buf = [0u64; 4];
+    let size = 4;
+    buf[0] = ptr;
+    buf[1] = len;
+    let bytes: &mut [u8] = bytemuck::cast_slice_mut(&mut buf);
+    bytes[value_at..value_at + 4].copy_from_slice(&1.0f32.to_le_bytes());
+    let mut total = value_at + size;
+    let mut extra = [
+        sys::CU_LAUNCH_PARAM_BUFFER_POINTER_AS_INT as usize as *mut core::ffi::c_void,
+        buf.as_mut_ptr().cast(),
+        sys::CU_LAUNCH_PARAM_BUFFER_SIZE_AS_INT as usize as *mut core::ffi::c_void,
+        (&mut total as *mut usize).cast(),
+        sys::CU_LAUNCH_PARAM_END_AS_INT as usize as *mut core::ffi::c_void,
+    ];
+    // SAFETY: the packed buffer holds the kernel's parameters at the driver's offsets; `ptr` is
+    // a live device range of `len` f32.
+    unsafe {
+        sys::cuLaunchKernel(
+            f,
+            cubes,
+            1,
+            1,
+            256,
+            1,
+            1,
+            0,
+            raw.stream,
+            core::ptr::null_mut(),
+            extra.as_mut_ptr(),
+        )
+    }
+    .result()
+    .expect("launch");
+}
+
 fn device_ptr(client: &Client, handle: &compute_core::Handle) -> u64 {
     client
         .get_resource(handle.clone())
@@ -180,6 +218,32 @@ fn launch(client: &Client, raw: &Raw) -> Vec<Row> {
             raw.sync();
         }));
     }
+    // The driver's two parameter forms side by side (raw, alternating), and the split of our
+    // cost: a raw launch plus our zero-cube launch per iteration is what ours would cost if its
+    // binding resolve, parameter packing and bookkeeping were free.
+    let (mut value_at, mut size) = (0usize, 0usize);
+    // SAFETY: parameter 2 (the f32 scalar) exists in the fill kernel; both outputs are locals.
+    unsafe { sys::cuFuncGetParamInfo(f, 2, &mut value_at, &mut size) }
+        .result()
+        .expect("cuFuncGetParamInfo");
+    assert_eq!(size, 4, "the fill kernel's scalar is an f32");
+    let (mut raw_packed, mut raw_plus_front) = (f64::INFINITY, f64::INFINITY);
+    for _ in 0..5 {
+        raw_packed = raw_packed.min(best_per_call(1, 1, || {
+            for _ in 0..n {
+                raw_fill_packed(raw, f, value_at, ptr, 256, 1);
+            }
+            raw.sync();
+        }));
+        raw_plus_front = raw_plus_front.min(best_per_call(1, 1, || {
+            for _ in 0..n {
+                client.launch(kernel.clone(), CubeCount::Static(0, 1, 1), args.clone());
+                raw_fill(raw, f, ptr, 256, 1);
+            }
+            raw.sync();
+        }));
+    }
+    let (raw_packed, raw_plus_front) = (raw_packed / n as f64, raw_plus_front / n as f64);
     let (host, raw_host) = (host / n as f64, raw_host / n as f64);
     // Ablation of the host cost above raw: what the caller's loop pays apart from the launch
     // (the kernel and argument clones it hands over), and a launch that stops before the
@@ -221,6 +285,24 @@ fn launch(client: &Client, raw: &Raw) -> Vec<Row> {
             BACKEND,
             "launch host cost ablation: zero-cube launch (all but resolve, params, driver, marks)",
             front * us,
+            "us",
+            "raw cudarc result::launch_kernel host cost",
+            raw_host * us,
+            Better::Lower,
+        ),
+        Row::new(
+            BACKEND,
+            "launch host cost ablation: raw launch with one packed parameter buffer",
+            raw_packed * us,
+            "us",
+            "raw cudarc result::launch_kernel host cost (a pointer per parameter)",
+            raw_host * us,
+            Better::Lower,
+        ),
+        Row::new(
+            BACKEND,
+            "launch host cost ablation: raw launch + our zero-cube launch",
+            raw_plus_front * us,
             "us",
             "raw cudarc result::launch_kernel host cost",
             raw_host * us,

@@ -202,45 +202,46 @@ impl ComputeServer for CudaServer {
         let mut packed = core::mem::take(&mut self.launch_packed);
         let mut slots = core::mem::take(&mut self.launch_slots);
         slots.clear();
-        let mut sink = match &compiled.packed {
-            Some(table) => {
-                packed.clear();
-                packed.resize(table.bytes.div_ceil(8), 0);
-                ParamSink::Packed {
-                    table,
-                    bytes: &mut bytemuck::cast_slice_mut::<u64, u8>(&mut packed)[..table.bytes],
-                    next: 0,
+        {
+            let mut sink = match &compiled.packed {
+                Some(table) => {
+                    packed.clear();
+                    packed.resize(table.bytes.div_ceil(8), 0);
+                    ParamSink::Packed {
+                        table,
+                        bytes: &mut bytemuck::cast_slice_mut::<u64, u8>(&mut packed)[..table.bytes],
+                        next: 0,
+                    }
                 }
-            }
-            None => {
-                slots.reserve(count_params);
-                ParamSink::Slots(&mut slots)
-            }
-        };
-        for (arg, decl) in arguments.buffers.iter().zip(definition.buffers()) {
-            let resource = self.streams.resolve(&arg.binding)?;
-            let item = decl.item().size() as u64;
-            let align = item.min(16);
-            if resource.ptr % align != 0 {
-                return Err(compute_core::error::LaunchError::MisalignedBuffer {
-                    kernel: definition.name().into(),
-                    name: decl.name.clone(),
-                    offset: resource.ptr % align,
-                    alignment: align,
+                None => {
+                    slots.reserve(count_params);
+                    ParamSink::Slots(&mut slots)
                 }
-                .into());
+            };
+            for (arg, decl) in arguments.buffers.iter().zip(definition.buffers()) {
+                let resource = self.streams.resolve(&arg.binding)?;
+                let item = decl.item().size() as u64;
+                let align = item.min(16);
+                if resource.ptr % align != 0 {
+                    return Err(compute_core::error::LaunchError::MisalignedBuffer {
+                        kernel: definition.name().into(),
+                        name: decl.name.clone(),
+                        offset: resource.ptr % align,
+                        alignment: align,
+                    }
+                    .into());
+                }
+                sink.push(&resource.ptr.to_le_bytes());
+                sink.push(&(resource.len / item).to_le_bytes());
             }
-            sink.push(&resource.ptr.to_le_bytes());
-            sink.push(&(resource.len / item).to_le_bytes());
+            for &b in &layout.meta {
+                let arg = &arguments.buffers[b];
+                sink.push(bytemuck::cast_slice(&meta_words(&arg.shape, &arg.strides)?));
+            }
+            for value in &arguments.scalars {
+                sink.push(&value.native_bits().to_le_bytes());
+            }
         }
-        for &b in &layout.meta {
-            let arg = &arguments.buffers[b];
-            sink.push(bytemuck::cast_slice(&meta_words(&arg.shape, &arg.strides)?));
-        }
-        for value in &arguments.scalars {
-            sink.push(&value.native_bits().to_le_bytes());
-        }
-        drop(sink);
         let mut bindings: SmallVec<[&Binding; 16]> =
             arguments.buffers.iter().map(|b| &b.binding).collect();
         if let CubeCount::Dynamic(b) = &count {
@@ -329,26 +330,27 @@ mod tests {
             bytes: 88,
         };
         let mut bytes = [0xaau8; 88];
-        let mut sink = ParamSink::Packed {
-            table: &table,
-            bytes: &mut bytes,
-            next: 0,
-        };
-        sink.push(&0x1122_3344_5566_7788u64.to_le_bytes());
-        sink.push(&5u64.to_le_bytes());
         let meta = meta_words(&[2], &[1]).unwrap();
-        sink.push(bytemuck::cast_slice(&meta));
-        sink.push(
-            &compute_core::kernel::ScalarValue::I8(-2)
-                .native_bits()
-                .to_le_bytes(),
-        );
-        sink.push(
-            &compute_core::kernel::ScalarValue::U16(0xbeef)
-                .native_bits()
-                .to_le_bytes(),
-        );
-        drop(sink);
+        {
+            let mut sink = ParamSink::Packed {
+                table: &table,
+                bytes: &mut bytes,
+                next: 0,
+            };
+            sink.push(&0x1122_3344_5566_7788u64.to_le_bytes());
+            sink.push(&5u64.to_le_bytes());
+            sink.push(bytemuck::cast_slice(&meta));
+            sink.push(
+                &compute_core::kernel::ScalarValue::I8(-2)
+                    .native_bits()
+                    .to_le_bytes(),
+            );
+            sink.push(
+                &compute_core::kernel::ScalarValue::U16(0xbeef)
+                    .native_bits()
+                    .to_le_bytes(),
+            );
+        }
         assert_eq!(&bytes[..8], &0x1122_3344_5566_7788u64.to_le_bytes());
         assert_eq!(&bytes[8..16], &5u64.to_le_bytes());
         assert_eq!(&bytes[16..20], &1u32.to_le_bytes());
@@ -360,10 +362,11 @@ mod tests {
         assert_eq!(&bytes[86..88], &[0xef, 0xbe]);
 
         let mut slots = Vec::new();
-        let mut sink = ParamSink::Slots(&mut slots);
-        sink.push(&0xfeu64.to_le_bytes()[..1]);
-        sink.push(bytemuck::cast_slice(&meta));
-        drop(sink);
+        {
+            let mut sink = ParamSink::Slots(&mut slots);
+            sink.push(&0xfeu64.to_le_bytes()[..1]);
+            sink.push(bytemuck::cast_slice(&meta));
+        }
         assert_eq!(slots.len(), 2);
         assert_eq!(slots[0][0], 0xfe);
         assert_eq!(

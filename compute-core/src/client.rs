@@ -932,16 +932,21 @@ impl<R: Runtime> ComputeClient<R> {
         if let (Ok(()), CubeCount::Dynamic(binding)) = (&result, &count) {
             result = binding.check_owner(owner);
         }
-        let launch = KernelLaunch {
-            kernel,
-            count,
-            arguments: bindings,
-            mode,
+        // The launch is built where the server takes it: each move of the 160-byte value
+        // through a closure is a copy on the launch path.
+        let result = match result {
+            Ok(()) => self.with_server(|s| {
+                let launch = KernelLaunch {
+                    kernel,
+                    count,
+                    arguments: bindings,
+                    mode,
+                };
+                // SAFETY: for `Unchecked`, the caller of `launch_unchecked` upholds its contract.
+                unsafe { s.launch(launch, stream) }
+            }),
+            Err(e) => Err(e),
         };
-        let result = result.and_then(|()| {
-            // SAFETY: for `Unchecked`, the caller of `launch_unchecked` upholds its contract.
-            self.with_server(|s| unsafe { s.launch(launch, stream) })
-        });
         self.defer(stream, result);
     }
 

@@ -46,11 +46,13 @@ pub struct AccessLog {
 
 impl AccessLog {
     /// Record `point` as the latest use and return the previous one.
+    #[inline]
     pub fn replace(&self, point: StreamPoint) -> Option<StreamPoint> {
         self.last.lock().replace(point)
     }
 
     /// The latest use.
+    #[inline]
     pub fn last(&self) -> Option<StreamPoint> {
         *self.last.lock()
     }
@@ -114,36 +116,43 @@ impl Handle {
     }
 
     /// Size in bytes of the visible range.
+    #[inline]
     pub fn size(&self) -> u64 {
         self.size - self.offset_start - self.offset_end
     }
 
     /// Offset of the visible range from the start of the slice.
+    #[inline]
     pub fn slice_offset_start(&self) -> u64 {
         self.offset_start
     }
 
     /// Bytes hidden at the end of the slice.
+    #[inline]
     pub fn slice_offset_end(&self) -> u64 {
         self.offset_end
     }
 
     /// The pool slice behind the handle.
+    #[inline]
     pub fn memory(&self) -> &SliceHandle {
         &self.memory
     }
 
     /// Which server allocated it.
+    #[inline]
     pub fn owner(&self) -> HandleOwner {
         self.owner
     }
 
     /// The stream it was allocated on.
+    #[inline]
     pub fn stream(&self) -> StreamId {
         self.stream
     }
 
     /// The handle's access log (for cross-stream ordering).
+    #[inline]
     pub fn access(&self) -> &AccessLog {
         &self.access
     }
@@ -154,6 +163,7 @@ impl Handle {
     }
 
     /// A binding for a kernel or a copy; it keeps the memory alive as long as it lives.
+    #[inline]
     pub fn binding(self) -> Binding {
         Binding { handle: self }
     }
@@ -173,16 +183,19 @@ pub struct Binding {
 
 impl Binding {
     /// The handle the binding was made from.
+    #[inline]
     pub fn handle(&self) -> &Handle {
         &self.handle
     }
 
     /// Size in bytes of the bound range.
+    #[inline]
     pub fn size(&self) -> u64 {
         self.handle.size()
     }
 
     /// Check that the binding belongs to `owner`.
+    #[inline]
     pub fn check_owner(&self, owner: HandleOwner) -> Result<(), ServerError> {
         let found = self.handle.owner;
         if found == owner {
@@ -392,6 +405,7 @@ impl KernelArguments {
     }
 
     /// Check every buffer belongs to `owner`.
+    #[inline]
     pub fn check_owner(&self, owner: HandleOwner) -> Result<(), ServerError> {
         self.buffers
             .iter()

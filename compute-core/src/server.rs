@@ -110,20 +110,19 @@ pub struct KernelLaunch<K> {
 }
 
 impl<B> KernelLaunch<BackendKernel<B>> {
-    /// The launch's kernel, count, arguments and mode, after the checks every backend makes
-    /// before it records a launch: the arguments match the kernel's parameters and the count is
-    /// within `hardware`'s limits. (The kernel's own limits, cube dimensions and shared and
-    /// private memory, are checked once, when it is compiled.)
+    /// The checks every backend makes before it records a launch: the arguments match the
+    /// kernel's parameters and the count is within `hardware`'s limits. (The kernel's own
+    /// limits, cube dimensions and shared and private memory, are checked once, when it is
+    /// compiled.) By reference: the caller then takes the launch apart in place, without a
+    /// copy of the whole value on the launch path.
     ///
     /// # Errors
     /// [`ServerError::Launch`] naming what does not match.
-    pub fn checked(
-        self,
-        hardware: &HardwareProperties,
-    ) -> Result<(BackendKernel<B>, CubeCount, KernelArguments, ExecutionMode), ServerError> {
+    #[inline]
+    pub fn check(&self, hardware: &HardwareProperties) -> Result<(), ServerError> {
         self.kernel.definition().check_arguments(&self.arguments)?;
         self.count.check(hardware)?;
-        Ok((self.kernel, self.count, self.arguments, self.mode))
+        Ok(())
     }
 }
 

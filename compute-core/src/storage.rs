@@ -43,6 +43,7 @@ pub struct StorageHandle {
 impl StorageHandle {
     /// The range's offset and size when it lies inside its block of `block_size` bytes (what a
     /// storage's `get` checks before it hands the range out), `None` when it does not.
+    #[inline]
     pub fn within(&self, block_size: u64) -> Option<(u64, u64)> {
         let (offset, size) = (self.utilization.offset, self.utilization.size);
         (offset.checked_add(size)? <= block_size).then_some((offset, size))
@@ -54,6 +55,7 @@ impl StorageHandle {
     }
 
     /// Size of the range in bytes.
+    #[inline]
     pub fn size(&self) -> u64 {
         self.utilization.size
     }
@@ -61,6 +63,7 @@ impl StorageHandle {
     /// The sub-range `[offset_start, size - offset_end)` of this range.
     ///
     /// Offsets past the range are clamped, so the result is always inside `self`.
+    #[inline]
     pub fn offset_range(&self, offset_start: u64, offset_end: u64) -> StorageHandle {
         let size = self.utilization.size;
         let start = offset_start.min(size);

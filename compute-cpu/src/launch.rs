@@ -136,8 +136,13 @@ impl ComputeServer for CpuServer {
         launch: KernelLaunch<CpuKernel>,
         stream: StreamId,
     ) -> Result<(), ServerError> {
-        let (kernel, count, arguments, mode) =
-            launch.checked(&self.streams.properties().hardware)?;
+        launch.check(&self.streams.properties().hardware)?;
+        let KernelLaunch {
+            kernel,
+            count,
+            arguments,
+            mode,
+        } = launch;
         let cube_size = u64::from(kernel.definition().cube_size());
         let plan = self.plan(&kernel)?;
         let (count, count_binding) = match count {

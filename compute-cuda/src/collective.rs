@@ -611,7 +611,7 @@ impl CudaServer {
         };
         for (group, [src, dst]) in mine {
             if let Some(&comm_stream) = self.comm_streams.get(&group) {
-                self.mark(comm_stream, &[&src, &dst], None)?;
+                self.mark(comm_stream, [&src, &dst], None)?;
             }
         }
         Ok(())
@@ -688,7 +688,7 @@ impl ServerCollective for CudaServer {
             }
             .check("cuStreamWaitEvent")?;
         }
-        self.order_after(comm_stream, &[&reduce.src, &reduce.dst])?;
+        self.order_after(comm_stream, [&reduce.src, &reduce.dst])?;
         let raw = self.stream(comm_stream)?.queue.raw;
         let count = (reduce.src.size() / reduce.dtype.size() as u64) as usize;
         let me = self.owner.device;
@@ -706,7 +706,7 @@ impl ServerCollective for CudaServer {
             };
             if compute_core::collective::checked() {
                 checked_all_reduce(&group, me, &call)?;
-                return self.mark(comm_stream, &[&reduce.src, &reduce.dst], None);
+                return self.mark(comm_stream, [&reduce.src, &reduce.dst], None);
             }
             let issue = |round, calls| {
                 let issued = issue_round(&group, round, calls);
@@ -720,7 +720,7 @@ impl ServerCollective for CudaServer {
         }
         // Later uses of the buffers order after the communication stream (a use before the round
         // is issued waits for it first: `marker`).
-        self.mark(comm_stream, &[&reduce.src, &reduce.dst], None)?;
+        self.mark(comm_stream, [&reduce.src, &reduce.dst], None)?;
         self.collect_issued()
     }
 

@@ -30,12 +30,12 @@ impl CudaServer {
         holds: &[Binding],
     ) -> Result<(), ServerError> {
         let refs: Vec<&Binding> = holds.iter().collect();
-        self.order_after(stream, &refs)?;
+        self.order_after(stream, refs.iter().copied())?;
         let raw = self.stream(stream)?.queue.raw;
         // SAFETY: the executable graph and the stream are alive; the graph's memory is kept
         // alive by `holds`.
         unsafe { result::graph::launch(exec.0, raw.0) }.check("cuGraphLaunch")?;
-        self.mark(stream, &refs, None)
+        self.mark(stream, refs.iter().copied(), None)
     }
 }
 

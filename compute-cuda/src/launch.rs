@@ -12,23 +12,18 @@ use compute_core::{
     Binding, ComputeServer, CubeCount, ExecutionMode, KernelLaunch, ServerError, StreamId,
 };
 use cudarc::driver::{result, sys};
-use smallvec::SmallVec;
 
 use crate::compiler::codegen::{MAX_RANK, META_BYTES};
-use crate::compiler::{self, CompiledKernel, PackedParams};
+use crate::compiler::{self, CompiledKernel};
 use crate::driver::Check;
 use crate::kernel::CudaKernel;
 use crate::server::{CudaInfo, CudaServer};
 use crate::storage::{CudaResource, CudaStorage};
 
-/// Words of one launch parameter slot (the biggest parameter is a `Meta`).
+/// Words of the biggest launch parameter, a `Meta`.
 pub(crate) const SLOT_WORDS: usize = META_BYTES.div_ceil(8);
 
-/// Bytes of one launch parameter slot.
-pub(crate) const SLOT_BYTES: usize = SLOT_WORDS * 8;
-
-/// The `Meta` of a buffer argument: its rank, then shape and strides (each clamped to `u32`).
-fn meta_words(shape: &[usize], strides: &[usize]) -> Result<[u32; 1 + 2 * MAX_RANK], ServerError> {
+fn meta_slot(shape: &[usize], strides: &[usize]) -> Result<[u64; SLOT_WORDS], ServerError> {
     if shape.len() > MAX_RANK || strides.len() != shape.len() {
         return Err(compute_core::error::LaunchError::MetadataTooLarge {
             rank: shape.len().max(strides.len()),
@@ -42,42 +37,10 @@ fn meta_words(shape: &[usize], strides: &[usize]) -> Result<[u32; 1 + 2 * MAX_RA
         words[1 + i] = n.min(u32::MAX as usize) as u32;
         words[1 + MAX_RANK + i] = s.min(u32::MAX as usize) as u32;
     }
-    Ok(words)
-}
-
-/// Where a launch's parameter values go, in [`ParamLayout`](crate::compiler::codegen::ParamLayout)
-/// order: the kernel's packed buffer at the offsets the driver reported (one copy for the
-/// driver to take), or one slot per parameter (the pointer array of `kernelParams`).
-enum ParamSink<'a> {
-    Packed {
-        table: &'a PackedParams,
-        bytes: &'a mut [u8],
-        next: usize,
-    },
-    Slots(&'a mut Vec<[u64; SLOT_WORDS]>),
-}
-
-impl ParamSink<'_> {
-    /// The next parameter: `value`'s little-endian bytes, cut to the parameter's size (a
-    /// narrower scalar keeps its low bytes) or padded with zeros.
-    fn push(&mut self, value: &[u8]) {
-        match self {
-            ParamSink::Packed { table, bytes, next } => {
-                let (offset, size) = table.params[*next];
-                *next += 1;
-                let (offset, size) = (offset as usize, size as usize);
-                let n = size.min(value.len());
-                bytes[offset..offset + n].copy_from_slice(&value[..n]);
-                bytes[offset + n..offset + size].fill(0);
-            }
-            ParamSink::Slots(slots) => {
-                let mut slot = [0u64; SLOT_WORDS];
-                let n = value.len().min(SLOT_BYTES);
-                bytemuck::cast_slice_mut::<u64, u8>(&mut slot)[..n].copy_from_slice(&value[..n]);
-                slots.push(slot);
-            }
-        }
-    }
+    let mut slot = [0u64; SLOT_WORDS];
+    bytemuck::cast_slice_mut::<u64, u8>(&mut slot)[..META_BYTES]
+        .copy_from_slice(bytemuck::cast_slice(&words));
+    Ok(slot)
 }
 
 impl CudaServer {
@@ -117,7 +80,7 @@ impl CudaServer {
             }
             .into());
         }
-        self.order_after(stream, &[binding])?;
+        self.order_after(stream, [binding])?;
         let raw = self.stream(stream)?.queue.raw;
         let mut count = [0u32; 3];
         // SAFETY: 12 bytes into a local array; synchronous with respect to the stream's work.
@@ -177,8 +140,13 @@ impl ComputeServer for CudaServer {
         stream: StreamId,
     ) -> Result<(), ServerError> {
         self.settle()?;
-        let (kernel, count, arguments, mode) =
-            launch.checked(&self.streams.properties().hardware)?;
+        launch.check(&self.streams.properties().hardware)?;
+        let KernelLaunch {
+            kernel,
+            count,
+            arguments,
+            mode,
+        } = launch;
         let definition = kernel.definition();
         let compiled = self.compiled(&kernel, mode == ExecutionMode::Checked)?;
         let grid = match &count {
@@ -197,85 +165,70 @@ impl ComputeServer for CudaServer {
             .into());
         }
         let layout = &compiled.layout;
-        let count_params = 2 * layout.buffers + layout.meta.len() + layout.scalars.len();
-        // The buffers of the last launch, emptied: no allocation once their capacity suffices.
-        let mut packed = core::mem::take(&mut self.launch_packed);
-        let mut slots = core::mem::take(&mut self.launch_slots);
-        slots.clear();
-        {
-            let mut sink = match &compiled.packed {
-                Some(table) => {
-                    packed.clear();
-                    packed.resize(table.bytes.div_ceil(8), 0);
-                    ParamSink::Packed {
-                        table,
-                        bytes: &mut bytemuck::cast_slice_mut::<u64, u8>(&mut packed)[..table.bytes],
-                        next: 0,
-                    }
-                }
-                None => {
-                    slots.reserve(count_params);
-                    ParamSink::Slots(&mut slots)
-                }
+        // The parameter words and `kernelParams` array of the last launch, emptied: no
+        // allocation once their capacity suffices. Each parameter takes the words it needs (one
+        // for a pointer, a length or a scalar; `SLOT_WORDS` for a `Meta`); `params` holds each
+        // one's first word index until every word is written, then its address.
+        let mut words = core::mem::take(&mut self.launch_words);
+        let mut params = core::mem::take(&mut self.launch_params);
+        words.clear();
+        params.clear();
+        words.reserve(2 * layout.buffers + SLOT_WORDS * layout.meta.len() + layout.scalars.len());
+        for (arg, decl) in arguments.buffers.iter().zip(definition.buffers()) {
+            let resource = self.resolve(&arg.binding)?;
+            let item = decl.item().size() as u64;
+            // Item sizes are almost always powers of two: a mask and a shift instead of two
+            // divisions on the launch path.
+            let (misaligned, entries) = if item.is_power_of_two() {
+                (
+                    resource.ptr & (item.min(16) - 1),
+                    resource.len >> item.trailing_zeros(),
+                )
+            } else {
+                (resource.ptr % item.min(16), resource.len / item)
             };
-            for (arg, decl) in arguments.buffers.iter().zip(definition.buffers()) {
-                let resource = self.streams.resolve(&arg.binding)?;
-                let item = decl.item().size() as u64;
-                let align = item.min(16);
-                if resource.ptr % align != 0 {
-                    return Err(compute_core::error::LaunchError::MisalignedBuffer {
-                        kernel: definition.name().into(),
-                        name: decl.name.clone(),
-                        offset: resource.ptr % align,
-                        alignment: align,
-                    }
-                    .into());
+            if misaligned != 0 {
+                return Err(compute_core::error::LaunchError::MisalignedBuffer {
+                    kernel: definition.name().into(),
+                    name: decl.name.clone(),
+                    offset: misaligned,
+                    alignment: item.min(16),
                 }
-                sink.push(&resource.ptr.to_le_bytes());
-                sink.push(&(resource.len / item).to_le_bytes());
+                .into());
             }
-            for &b in &layout.meta {
-                let arg = &arguments.buffers[b];
-                sink.push(bytemuck::cast_slice(&meta_words(&arg.shape, &arg.strides)?));
-            }
-            for value in &arguments.scalars {
-                sink.push(&value.native_bits().to_le_bytes());
-            }
+            params.push(words.len());
+            words.push(resource.ptr);
+            params.push(words.len());
+            words.push(entries);
         }
-        let mut bindings: SmallVec<[&Binding; 16]> =
-            arguments.buffers.iter().map(|b| &b.binding).collect();
-        if let CubeCount::Dynamic(b) = &count {
-            bindings.push(b);
+        for &b in &layout.meta {
+            let arg = &arguments.buffers[b];
+            params.push(words.len());
+            words.extend_from_slice(&meta_slot(&arg.shape, &arg.strides)?);
         }
-        self.order_after(stream, &bindings)?;
+        for value in &arguments.scalars {
+            // Little-endian: a narrower scalar's bytes are the word's first bytes.
+            params.push(words.len());
+            words.push(value.native_bits());
+        }
+        // Every word is written (no reallocation can move them any more): indices to addresses.
+        let base = words.as_mut_ptr() as usize;
+        for p in params.iter_mut() {
+            *p = base + *p * core::mem::size_of::<u64>();
+        }
+        let dynamic = match &count {
+            CubeCount::Dynamic(b) => Some(b),
+            CubeCount::Static(..) => None,
+        };
+        let bindings = || arguments.buffers.iter().map(|b| &b.binding).chain(dynamic);
+        self.order_after(stream, bindings())?;
         let raw = self.stream(stream)?.queue.raw;
         let [bx, by, bz] = compiled.cube_dim;
-        // On the stack for the usual kernel: no allocation on the launch path.
-        let mut params: SmallVec<[*mut core::ffi::c_void; 32]> = SmallVec::new();
-        let mut packed_size = compiled.packed.as_ref().map_or(0, |t| t.bytes);
-        let mut extra = [
-            sys::CU_LAUNCH_PARAM_BUFFER_POINTER_AS_INT as usize as *mut core::ffi::c_void,
-            packed.as_mut_ptr().cast(),
-            sys::CU_LAUNCH_PARAM_BUFFER_SIZE_AS_INT as usize as *mut core::ffi::c_void,
-            (&mut packed_size as *mut usize).cast(),
-            sys::CU_LAUNCH_PARAM_END_AS_INT as usize as *mut core::ffi::c_void,
-        ];
-        let (kernel_params, extra) = match &compiled.packed {
-            // No parameters at all: neither form.
-            Some(table) if table.bytes == 0 => (core::ptr::null_mut(), core::ptr::null_mut()),
-            Some(_) => (core::ptr::null_mut(), extra.as_mut_ptr()),
-            None => {
-                compiler::count_unpacked_launch();
-                params.extend(slots.iter_mut().map(|s| s.as_mut_ptr().cast()));
-                (params.as_mut_ptr(), core::ptr::null_mut())
-            }
-        };
-        // SAFETY: the parameters match the generated signature: the packed buffer holds each at
-        // the offset and size the driver reported for this function (`PackedParams`), or
-        // `kernel_params` points to one live slot per parameter in `ParamLayout` order. Every
-        // pointer is a live device range kept alive by stream order or `mark`; for unchecked
-        // launches the caller promised in-bounds accesses. The driver copies the parameters
-        // before returning, so the buffers may be reused after the call.
+        // SAFETY: `params` holds one address per parameter of the generated signature
+        // (`ParamLayout` order), each into `words`, which stays untouched until the driver,
+        // which copies the values, returns; every device pointer is a live range kept alive by
+        // stream order or `mark`; for unchecked launches the caller promised in-bounds
+        // accesses.
         unsafe {
             sys::cuLaunchKernel(
                 compiled.function.0,
@@ -287,16 +240,15 @@ impl ComputeServer for CudaServer {
                 bz,
                 layout.shared_bytes as u32,
                 raw.0,
-                kernel_params,
-                extra,
+                params.as_mut_ptr().cast::<*mut core::ffi::c_void>(),
+                core::ptr::null_mut(),
             )
         }
         .result()
         .check("cuLaunchKernel")?;
-        drop(params);
-        self.launch_slots = slots;
-        self.launch_packed = packed;
-        self.mark(stream, &bindings, None)
+        self.launch_params = params;
+        self.launch_words = words;
+        self.mark(stream, bindings(), None)
     }
 
     fn flush(&mut self, stream: StreamId) -> Result<(), ServerError> {
@@ -314,64 +266,10 @@ mod tests {
 
     #[test]
     fn launch_parameters_are_little_endian_words() {
-        let words = meta_words(&[3, 4], &[4, 1]).unwrap();
+        let slot = meta_slot(&[3, 4], &[4, 1]).unwrap();
+        let words: &[u32] = bytemuck::cast_slice(&slot);
         assert_eq!(&words[..3], &[2, 3, 4]);
         assert_eq!(words[1 + MAX_RANK], 4);
-        assert_eq!(words[1 + MAX_RANK + 1], 1);
-        assert!(meta_words(&[1; 9], &[1; 9]).is_err());
-        assert!(meta_words(&[1, 2], &[1]).is_err());
-    }
-
-    #[test]
-    fn packed_parameters_land_at_the_driver_offsets() {
-        // A pointer, a length, a 68-byte Meta (4-aligned) and a 1-byte scalar then a 2-byte one.
-        let table = PackedParams {
-            params: vec![(0, 8), (8, 8), (16, 68), (84, 1), (86, 2)],
-            bytes: 88,
-        };
-        let mut bytes = [0xaau8; 88];
-        let meta = meta_words(&[2], &[1]).unwrap();
-        {
-            let mut sink = ParamSink::Packed {
-                table: &table,
-                bytes: &mut bytes,
-                next: 0,
-            };
-            sink.push(&0x1122_3344_5566_7788u64.to_le_bytes());
-            sink.push(&5u64.to_le_bytes());
-            sink.push(bytemuck::cast_slice(&meta));
-            sink.push(
-                &compute_core::kernel::ScalarValue::I8(-2)
-                    .native_bits()
-                    .to_le_bytes(),
-            );
-            sink.push(
-                &compute_core::kernel::ScalarValue::U16(0xbeef)
-                    .native_bits()
-                    .to_le_bytes(),
-            );
-        }
-        assert_eq!(&bytes[..8], &0x1122_3344_5566_7788u64.to_le_bytes());
-        assert_eq!(&bytes[8..16], &5u64.to_le_bytes());
-        assert_eq!(&bytes[16..20], &1u32.to_le_bytes());
-        assert_eq!(&bytes[20..24], &2u32.to_le_bytes());
-        assert_eq!(&bytes[16 + 4 * (1 + MAX_RANK)..][..4], &1u32.to_le_bytes());
-        assert_eq!(bytes[84], 0xfe);
-        // The padding byte between the two scalars is left as it was.
-        assert_eq!(bytes[85], 0xaa);
-        assert_eq!(&bytes[86..88], &[0xef, 0xbe]);
-
-        let mut slots = Vec::new();
-        {
-            let mut sink = ParamSink::Slots(&mut slots);
-            sink.push(&0xfeu64.to_le_bytes()[..1]);
-            sink.push(bytemuck::cast_slice(&meta));
-        }
-        assert_eq!(slots.len(), 2);
-        assert_eq!(slots[0][0], 0xfe);
-        assert_eq!(
-            &bytemuck::cast_slice::<u64, u32>(&slots[1])[..3],
-            &[1, 2, 0]
-        );
+        assert!(meta_slot(&[1; 9], &[1; 9]).is_err());
     }
 }

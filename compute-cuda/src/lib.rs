@@ -40,7 +40,7 @@ mod transfer;
 
 pub use compiler::codegen;
 
-pub use compiler::{CompileCounts, CompiledKernel, cache_dir, compile_counts, unpacked_launches};
+pub use compiler::{CompileCounts, CompiledKernel, cache_dir, compile_counts};
 /// The cudarc version this backend is built on, for raw baselines and interop.
 pub use cudarc;
 pub use device::{CUDA_DEVICE_TYPE, CudaDevice};

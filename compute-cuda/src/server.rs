@@ -63,12 +63,12 @@ pub struct CudaServer {
     pub(crate) issue_errors: IssueError,
     pub(crate) issue_error: Option<ServerError>,
     pub(crate) kernels: KernelCache<CompiledKernel>,
-    /// The launch parameter slots of the last launch, kept for their capacity: a launch packs
+    /// The launch parameter words of the last launch, kept for their capacity: a launch packs
     /// its parameters without allocating.
-    pub(crate) launch_slots: Vec<[u64; crate::launch::SLOT_WORDS]>,
-    /// The packed parameter buffer of the last launch (words: 8-byte aligned), kept for its
+    pub(crate) launch_words: Vec<u64>,
+    /// The `kernelParams` array of the last launch (the parameters' addresses), kept for its
     /// capacity.
-    pub(crate) launch_packed: Vec<u64>,
+    pub(crate) launch_params: Vec<usize>,
     pub(crate) graphs: Graphs<CudaGraph>,
     pub(crate) profiles: HashMap<u64, Raw<sys::CUevent>>,
     pub(crate) next_profile: u64,
@@ -118,8 +118,8 @@ impl CudaServer {
             issue_errors: IssueError::default(),
             issue_error: None,
             kernels: KernelCache::default(),
-            launch_slots: Vec::new(),
-            launch_packed: Vec::new(),
+            launch_words: Vec::new(),
+            launch_params: Vec::new(),
             graphs: Graphs::default(),
             profiles: HashMap::new(),
             next_profile: 1,

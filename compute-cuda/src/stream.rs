@@ -360,10 +360,10 @@ impl CudaServer {
     }
 
     /// Make `stream` wait for the last uses of `bindings` on other streams.
-    pub(crate) fn order_after(
+    pub(crate) fn order_after<'b>(
         &mut self,
         stream: StreamId,
-        bindings: &[&Binding],
+        bindings: impl IntoIterator<Item = &'b Binding>,
     ) -> Result<(), ServerError> {
         for binding in bindings {
             let Some(point) = binding.handle().access().last() else {
@@ -393,10 +393,10 @@ impl CudaServer {
 
     /// Record the command just submitted on `stream` as the last use of `bindings`, and keep the
     /// ones of other streams' pools (plus `extra`) alive until it completed.
-    pub(crate) fn mark(
+    pub(crate) fn mark<'b>(
         &mut self,
         stream: StreamId,
-        bindings: &[&Binding],
+        bindings: impl IntoIterator<Item = &'b Binding>,
         extra: Option<KeepAlive>,
     ) -> Result<(), ServerError> {
         let state = self
@@ -415,12 +415,16 @@ impl CudaServer {
                 // A graph keeps every binding it recorded, of this stream's pools too: its
                 // replays read and write the recorded addresses long after the caller may have
                 // dropped the handles, and a freed slice would be handed to a new buffer.
-                Some(holds) => holds.push((*binding).clone()),
+                Some(holds) => holds.push(binding.clone()),
                 None if binding.handle().stream() != stream => {
-                    others.push(KeepAlive::Binding((*binding).clone()));
+                    others.push(KeepAlive::Binding(binding.clone()));
                 }
                 None => {}
             }
+        }
+        if others.is_empty() && extra.is_none() {
+            // Nothing to keep alive: no event to record.
+            return Ok(());
         }
         let capturing = state.capture.is_some();
         state

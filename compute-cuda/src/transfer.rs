@@ -186,7 +186,7 @@ impl CudaServer {
         let binding = descriptor.binding.clone();
         let raw = self.stream(stream)?.queue.raw;
         self.settle()?;
-        self.order_after(stream, &[&binding])?;
+        self.order_after(stream, [&binding])?;
         let keep = if contiguous {
             let src = bytes.try_as_slice()?;
             // SAFETY: `src` is pinned and kept alive (below) until the copy completed; `target`
@@ -213,7 +213,7 @@ impl CudaServer {
             }
             hold
         };
-        self.mark(stream, &[&binding], Some(keep))
+        self.mark(stream, [&binding], Some(keep))
     }
 
     /// A contiguous write from pageable host bytes, which it reads only before it returns (they
@@ -245,7 +245,7 @@ impl CudaServer {
         if !staged || self.issuing.as_ref().is_some_and(|(_, s)| s.0 != raw.0) {
             self.settle()?;
         }
-        self.order_after(stream, &[&binding])?;
+        self.order_after(stream, [&binding])?;
         if direct {
             // SAFETY: pageable host-to-device copies return once the driver staged the bytes;
             // `target` holds `src.len()` bytes (validated).
@@ -259,7 +259,7 @@ impl CudaServer {
             // stream, which must follow the DMA.
             self.settle()?;
         }
-        self.mark(stream, &[&binding], None)
+        self.mark(stream, [&binding], None)
     }
 
     pub(crate) fn read_inner(
@@ -273,7 +273,7 @@ impl CudaServer {
         let sources = CopyDescriptor::read_sources(&descriptors, |b| self.resolve(b))?;
         let bindings: Vec<Binding> = descriptors.iter().map(|d| d.binding.clone()).collect();
         let refs: Vec<&Binding> = bindings.iter().collect();
-        self.order_after(stream, &refs)?;
+        self.order_after(stream, refs.iter().copied())?;
         let raw = self.stream(stream)?.queue.raw;
         let mut outputs = Vec::with_capacity(descriptors.len());
         for (descriptor, source) in descriptors.iter().zip(&sources) {
@@ -290,7 +290,7 @@ impl CudaServer {
             }
             outputs.push(Some(buffer));
         }
-        self.mark(stream, &refs, None)?;
+        self.mark(stream, refs.iter().copied(), None)?;
         let event = self.record_fresh(stream)?;
         let done = self.event_future(event);
         Ok(Box::pin(async move {

@@ -283,7 +283,13 @@ impl ComputeServer for VulkanServer {
         stream: StreamId,
     ) -> Result<(), ServerError> {
         // Owners are checked by `resolve`, binding by binding.
-        let (kernel, count, arguments, mode) = launch.checked(&self.properties.hardware)?;
+        launch.check(&self.properties.hardware)?;
+        let KernelLaunch {
+            kernel,
+            count,
+            arguments,
+            mode,
+        } = launch;
         // A dynamic count is dispatched through the guard: over the limits, nothing runs and
         // the next sync reports it.
         let count = match count {

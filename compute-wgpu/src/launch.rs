@@ -297,8 +297,13 @@ impl ComputeServer for WgpuServer {
         launch: KernelLaunch<WgpuKernel>,
         stream: StreamId,
     ) -> Result<(), ServerError> {
-        let (kernel, count, arguments, mode) =
-            launch.checked(&self.streams.properties().hardware)?;
+        launch.check(&self.streams.properties().hardware)?;
+        let KernelLaunch {
+            kernel,
+            count,
+            arguments,
+            mode,
+        } = launch;
         let def = kernel.definition();
         // Only a graph keeps the bindings (its launches outlive the caller's handles). A batch
         // does not need them: a slice freed and reused after this launch is written by work

@@ -135,6 +135,7 @@ impl KernelDefinition {
     /// Check a launch's arguments against the parameters: buffer count, scalar count and types,
     /// buffer sizes a multiple of the buffer's item size, tensor metadata of equal shape and
     /// strides ranks.
+    #[inline]
     pub fn check_arguments(&self, arguments: &KernelArguments) -> Result<(), LaunchError> {
         let kernel = || self.name.clone();
         let count = |what, expected, found| LaunchError::ArgumentCount {
@@ -160,7 +161,14 @@ impl KernelDefinition {
         for (decl, arg) in self.buffers.iter().zip(&arguments.buffers) {
             let item = decl.item().size();
             let bytes = arg.binding.size();
-            if bytes % item as u64 != 0 {
+            // Item sizes are almost always powers of two: a mask instead of a division on the
+            // launch path.
+            let rest = if item.is_power_of_two() {
+                bytes & (item as u64 - 1)
+            } else {
+                bytes % item as u64
+            };
+            if rest != 0 {
                 return Err(LaunchError::BufferSize {
                     kernel: kernel(),
                     name: decl.name.clone(),
@@ -199,6 +207,7 @@ impl CubeCount {
     /// A dynamic count's values are only known when the launch runs; backends guard them there
     /// (a count over the limit runs as an empty dispatch and queues
     /// [`LaunchError::CubeCountTooLarge`] on the stream).
+    #[inline]
     pub fn check(&self, hardware: &HardwareProperties) -> Result<(), LaunchError> {
         match self {
             CubeCount::Static(x, y, z) => {

@@ -108,11 +108,13 @@ impl SliceHandle {
     }
 
     /// The id of the slice.
+    #[inline]
     pub fn id(&self) -> SliceId {
         self.0.id
     }
 
     /// The size in bytes the slice was reserved with.
+    #[inline]
     pub fn size(&self) -> u64 {
         self.0.size
     }

@@ -19,9 +19,6 @@ use codegen::{CODEGEN_VERSION, ENTRY, ParamLayout};
 
 use crate::driver::{Check, Raw};
 
-/// The first driver version with `cuFuncGetParamInfo` (CUDA 12.4).
-const PARAM_INFO_DRIVER: i32 = 12040;
-
 /// Shared memory a kernel may use without opting in, in bytes.
 const DEFAULT_SHARED_LIMIT: usize = 48 << 10;
 
@@ -32,58 +29,10 @@ pub struct CompiledKernel {
     pub(crate) function: Raw<sys::CUfunction>,
     /// The parameters the function takes.
     pub layout: ParamLayout,
-    /// Where each parameter lies in the kernel's packed parameter buffer (the driver's
-    /// `cuFuncGetParamInfo`), in [`ParamLayout`] order; `None` where the driver cannot say, and
-    /// the launch passes one pointer per parameter instead.
-    pub(crate) packed: Option<PackedParams>,
     /// Units per cube.
     pub cube_dim: [u32; 3],
     /// Whether the module came from the disk cache.
     pub from_disk: bool,
-}
-
-/// The packed parameter buffer of a kernel: each parameter's offset and size, as the driver
-/// reports them, and the buffer's total size.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct PackedParams {
-    /// `(offset, size)` in bytes of each parameter, in declaration order.
-    pub(crate) params: Vec<(u32, u32)>,
-    /// Bytes of the whole buffer (the end of the last parameter).
-    pub(crate) bytes: usize,
-}
-
-impl PackedParams {
-    /// The driver's parameter table of `function`, checked against `layout`: `None` when the
-    /// driver lacks `cuFuncGetParamInfo`, or when its table does not match the generated
-    /// signature (a parameter count that differs, or one larger than `max_size` bytes, or
-    /// parameters that overlap or run out of order).
-    fn query(function: sys::CUfunction, layout: &ParamLayout, max_size: usize) -> Option<Self> {
-        let expected = 2 * layout.buffers + layout.meta.len() + layout.scalars.len();
-        let info = |index: usize| {
-            let (mut offset, mut size) = (0usize, 0usize);
-            // SAFETY: `function` is a live function of a loaded module; an index past its
-            // parameters is an error return, not undefined; both outputs are locals.
-            unsafe { sys::cuFuncGetParamInfo(function, index, &mut offset, &mut size) }
-                .result()
-                .ok()
-                .map(|()| (offset, size))
-        };
-        // One parameter more than the generated signature's would be a mismatch.
-        if info(expected).is_some() {
-            return None;
-        }
-        let mut params = Vec::with_capacity(expected);
-        let mut end = 0usize;
-        for index in 0..expected {
-            let (offset, size) = info(index)?;
-            if size == 0 || size > max_size || offset < end {
-                return None;
-            }
-            end = offset.checked_add(size)?;
-            params.push((u32::try_from(offset).ok()?, u32::try_from(size).ok()?));
-        }
-        Some(Self { params, bytes: end })
-    }
 }
 
 impl Drop for CompiledKernel {
@@ -111,21 +60,6 @@ pub struct CompileCounts {
     pub nvrtc: u64,
     /// Kernels loaded from the disk cache ([`cache_dir`]) without invoking NVRTC.
     pub disk_loads: u64,
-}
-
-static UNPACKED_LAUNCHES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-
-/// Count a launch that passed one pointer per parameter (see [`unpacked_launches`]).
-pub(crate) fn count_unpacked_launch() {
-    UNPACKED_LAUNCHES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-}
-
-/// Launches of this process that passed one pointer per parameter (`kernelParams`) instead of
-/// one packed parameter buffer: their kernel got no parameter table from the driver (a driver
-/// before CUDA 12.4, or a table that did not match the generated signature). Zero on a current
-/// driver; the packed form is the faster one, as the driver copies one buffer.
-pub fn unpacked_launches() -> u64 {
-    UNPACKED_LAUNCHES.load(std::sync::atomic::Ordering::Relaxed)
 }
 
 /// How many kernels this process compiled with NVRTC and loaded from the disk cache so far.
@@ -192,15 +126,9 @@ pub(crate) fn compile(
         }
         Err(e) => return Err(e),
     };
-    // `cuFuncGetParamInfo` came with CUDA 12.4 (driver 12040); cudarc panics on a missing
-    // symbol, so an older driver is not asked.
-    let packed = (target.driver >= PARAM_INFO_DRIVER)
-        .then(|| PackedParams::query(function, &generated.layout, crate::launch::SLOT_BYTES))
-        .flatten();
     let kernel = CompiledKernel {
         module: Raw(module),
         function: Raw(function),
-        packed,
         layout: generated.layout,
         cube_dim: definition.cube_dim(),
         from_disk,

@@ -113,8 +113,8 @@ impl<B> KernelLaunch<BackendKernel<B>> {
     /// The checks every backend makes before it records a launch: the arguments match the
     /// kernel's parameters and the count is within `hardware`'s limits. (The kernel's own
     /// limits, cube dimensions and shared and private memory, are checked once, when it is
-    /// compiled.) By reference: the caller then takes the launch apart in place, without a
-    /// copy of the whole value on the launch path.
+    /// compiled.) By reference: a `Result` of the whole launch would copy it on the launch path;
+    /// [`Self::into_parts`] then takes it apart in place.
     ///
     /// # Errors
     /// [`ServerError::Launch`] naming what does not match.
@@ -123,6 +123,13 @@ impl<B> KernelLaunch<BackendKernel<B>> {
         self.kernel.definition().check_arguments(&self.arguments)?;
         self.count.check(hardware)?;
         Ok(())
+    }
+
+    /// The launch's kernel, count, arguments and mode, taken apart (after [`Self::check`]).
+    /// Always inlined: the parts stay where they are, with no copy of the whole launch.
+    #[inline(always)]
+    pub fn into_parts(self) -> (BackendKernel<B>, CubeCount, KernelArguments, ExecutionMode) {
+        (self.kernel, self.count, self.arguments, self.mode)
     }
 }
 

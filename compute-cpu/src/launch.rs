@@ -137,12 +137,7 @@ impl ComputeServer for CpuServer {
         stream: StreamId,
     ) -> Result<(), ServerError> {
         launch.check(&self.streams.properties().hardware)?;
-        let KernelLaunch {
-            kernel,
-            count,
-            arguments,
-            mode,
-        } = launch;
+        let (kernel, count, arguments, mode) = launch.into_parts();
         let cube_size = u64::from(kernel.definition().cube_size());
         let plan = self.plan(&kernel)?;
         let (count, count_binding) = match count {

@@ -141,12 +141,7 @@ impl ComputeServer for CudaServer {
     ) -> Result<(), ServerError> {
         self.settle()?;
         launch.check(&self.streams.properties().hardware)?;
-        let KernelLaunch {
-            kernel,
-            count,
-            arguments,
-            mode,
-        } = launch;
+        let (kernel, count, arguments, mode) = launch.into_parts();
         let definition = kernel.definition();
         let compiled = self.compiled(&kernel, mode == ExecutionMode::Checked)?;
         let grid = match &count {

@@ -284,12 +284,7 @@ impl ComputeServer for VulkanServer {
     ) -> Result<(), ServerError> {
         // Owners are checked by `resolve`, binding by binding.
         launch.check(&self.properties.hardware)?;
-        let KernelLaunch {
-            kernel,
-            count,
-            arguments,
-            mode,
-        } = launch;
+        let (kernel, count, arguments, mode) = launch.into_parts();
         // A dynamic count is dispatched through the guard: over the limits, nothing runs and
         // the next sync reports it.
         let count = match count {

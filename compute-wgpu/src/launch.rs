@@ -298,12 +298,7 @@ impl ComputeServer for WgpuServer {
         stream: StreamId,
     ) -> Result<(), ServerError> {
         launch.check(&self.streams.properties().hardware)?;
-        let KernelLaunch {
-            kernel,
-            count,
-            arguments,
-            mode,
-        } = launch;
+        let (kernel, count, arguments, mode) = launch.into_parts();
         let def = kernel.definition();
         // Only a graph keeps the bindings (its launches outlive the caller's handles). A batch
         // does not need them: a slice freed and reused after this launch is written by work

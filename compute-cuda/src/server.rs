@@ -43,6 +43,54 @@ pub(crate) fn ready<T: Send + 'static>(value: T) -> DynFut<T> {
     Box::pin(core::future::ready(value))
 }
 
+/// Entries of the [`ResolveCache`].
+const RESOLVE_ENTRIES: usize = 64;
+
+/// A slice range as the [`ResolveCache`] keys it: the slice id, and the offsets of the range from
+/// the slice's start and end.
+type SliceRange = (u64, u64, u64);
+
+/// The device ranges of recently resolved slice ranges, so that a launch with the buffers of a
+/// recent one skips the pools' lookups (two hash lookups and a call through the pool's trait
+/// object per binding). Direct-mapped on the slice id, bounded, never invalidated, and sound
+/// because of what it is asked with: a lookup comes with a live [`Binding`] of that slice, a
+/// live slice keeps its place in its block for as long as it lives (the pools release only free
+/// pages and blocks, and rebuild only pools with no live slice; graphs rely on the same), and a
+/// slice id is never used again once its slice is freed, so an entry of a freed slice is never
+/// asked for. The entries are plain addresses: they keep no memory alive.
+#[derive(Debug)]
+pub(crate) struct ResolveCache {
+    entries: [Option<(SliceRange, CudaResource)>; RESOLVE_ENTRIES],
+}
+
+impl Default for ResolveCache {
+    fn default() -> Self {
+        Self {
+            entries: [None; RESOLVE_ENTRIES],
+        }
+    }
+}
+
+impl ResolveCache {
+    fn slot(key: SliceRange) -> usize {
+        // Fibonacci hashing of the slice id (its low bits are the pool's tag).
+        (key.0.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 58) as usize % RESOLVE_ENTRIES
+    }
+
+    /// The range cached for `key` (slice id, offset from its start, offset from its end).
+    #[inline]
+    fn get(&self, key: SliceRange) -> Option<CudaResource> {
+        match self.entries[Self::slot(key)] {
+            Some((k, resource)) if k == key => Some(resource),
+            _ => None,
+        }
+    }
+
+    fn insert(&mut self, key: SliceRange, resource: CudaResource) {
+        self.entries[Self::slot(key)] = Some((key, resource));
+    }
+}
+
 /// The server of one GPU.
 pub struct CudaServer {
     pub(crate) device: CudaDevice,
@@ -50,6 +98,7 @@ pub struct CudaServer {
     pub(crate) owner: HandleOwner,
     pub(crate) target: Target,
     pub(crate) streams: Streams<CudaStorage, StreamQueue, Vec<Binding>>,
+    pub(crate) resolved: ResolveCache,
     pub(crate) events: EventPool,
     pub(crate) pinned: Arc<PinnedPool>,
     pub(crate) staging: StagingRing,
@@ -109,6 +158,7 @@ impl CudaServer {
             owner,
             context,
             streams: Streams::new(owner, properties),
+            resolved: ResolveCache::default(),
             target,
             events,
             pinned,
@@ -133,8 +183,22 @@ impl CudaServer {
         &self.pinned
     }
 
+    /// The device range of `binding`: from the resolve cache when the same slice range was
+    /// resolved lately, else through the pools (and cached).
     pub(crate) fn resolve(&mut self, binding: &Binding) -> Result<CudaResource, ServerError> {
-        self.streams.resolve(binding)
+        binding.check_owner(self.owner)?;
+        let handle = binding.handle();
+        let key = (
+            handle.memory().id().value(),
+            handle.slice_offset_start(),
+            handle.slice_offset_end(),
+        );
+        if let Some(found) = self.resolved.get(key) {
+            return Ok(found);
+        }
+        let resource = self.streams.resolve(binding)?;
+        self.resolved.insert(key, resource);
+        Ok(resource)
     }
 
     /// The capture rule for `what` on `stream` (the kit's
@@ -232,5 +296,38 @@ impl Drop for CudaServer {
             drop(capture);
         }
         self.kernels.clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_resolve_cache_answers_only_its_exact_key() {
+        let mut cache = ResolveCache::default();
+        let range = CudaResource {
+            ptr: 0x7f00_0000_1000,
+            len: 64,
+        };
+        assert_eq!(cache.get((17, 0, 0)), None);
+        cache.insert((17, 0, 0), range);
+        assert_eq!(cache.get((17, 0, 0)), Some(range));
+        // Another view of the same slice, or another slice, is not this entry.
+        assert_eq!(cache.get((17, 16, 0)), None);
+        assert_eq!(cache.get((18, 0, 0)), None);
+        // A key mapped to the same slot replaces the entry: the old key misses from then on.
+        let other = (1..u64::MAX)
+            .find(|&id| {
+                id != 17 && ResolveCache::slot((id, 0, 0)) == ResolveCache::slot((17, 0, 0))
+            })
+            .unwrap();
+        let moved = CudaResource {
+            ptr: 0x7f00_0000_2000,
+            len: 8,
+        };
+        cache.insert((other, 0, 0), moved);
+        assert_eq!(cache.get((other, 0, 0)), Some(moved));
+        assert_eq!(cache.get((17, 0, 0)), None);
     }
 }

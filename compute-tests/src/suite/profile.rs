@@ -46,8 +46,9 @@ pub fn measure_throughput_reports<R: Runtime>(client: ComputeClient<R>) {
 
 /// `measure_throughput`'s copy figure agrees with a copy kernel of the same size written and
 /// timed here, independently of the probe's kernel and formula (our own kernel, our own byte
-/// count, timed with `profile` around one launch): the two rates are within a factor of 3 (best
-/// of 3 each). The probe's arithmetic figure scales with its work: 4x the iterations per unit
+/// count, timed with `profile` around one launch): the two rates are within a factor of 3 (the
+/// probe's best of three against the copy's best of ten, up to three attempts, as other tests'
+/// work can skew a whole attempt on a shared device). The probe's arithmetic figure scales with its work: 4x the iterations per unit
 /// take 1.5x to 16x the time, once the shorter run takes at least 1 ms.
 pub fn measure_throughput_matches_an_independent_timing<R: Runtime>(client: ComputeClient<R>) {
     use compute_core::kernel::KernelBuilder;
@@ -58,15 +59,6 @@ pub fn measure_throughput_matches_an_independent_timing<R: Runtime>(client: Comp
         work_per_unit: 64,
     };
     let elems = (cube_dim * config.cube_count * config.work_per_unit) as usize;
-    let probe = (0..3)
-        .map(|_| {
-            client
-                .measure_throughput(ThroughputKey::MemoryCopy(ElemType::F32), config)
-                .per_second
-        })
-        .fold(0.0f64, f64::max);
-    assert!(probe > 0.0, "the copy probe measured nothing");
-
     let mut k = KernelBuilder::new("independent_copy", [cube_dim, 1, 1]);
     let input = k.input("input", ElemType::F32, 1);
     let out = k.output("out", ElemType::F32, 1);
@@ -88,26 +80,47 @@ pub fn measure_throughput_matches_an_independent_timing<R: Runtime>(client: Comp
     };
     launch();
     block_on(client.sync()).unwrap();
-    // Best of ten: on backends whose streams share one device queue (Vulkan, wgpu), a profile's
-    // timestamps also bracket what other tests submitted meanwhile (seen once on the H100: the
-    // independent copy read 2.4e10 B/s beside a probe of 1.3e12 B/s).
-    let independent = (0..10)
-        .map(|_| {
-            let ((), d) = client.profile(launch, "independent_copy").unwrap();
-            (2 * elems * 4) as f64 / d.duration.as_secs_f64().max(1e-9)
-        })
-        .fold(0.0f64, f64::max);
+    // One attempt: the probe (best of three) against the independent copy (best of ten: on
+    // backends whose streams share one device queue, Vulkan and wgpu, a profile's timestamps
+    // also bracket what other tests submitted meanwhile; seen once on the H100: the independent
+    // copy read 2.4e10 B/s beside a probe of 1.3e12 B/s).
+    let attempt = || {
+        let probe = (0..3)
+            .map(|_| {
+                client
+                    .measure_throughput(ThroughputKey::MemoryCopy(ElemType::F32), config)
+                    .per_second
+            })
+            .fold(0.0f64, f64::max);
+        assert!(probe > 0.0, "the copy probe measured nothing");
+        let independent = (0..10)
+            .map(|_| {
+                let ((), d) = client.profile(launch, "independent_copy").unwrap();
+                (2 * elems * 4) as f64 / d.duration.as_secs_f64().max(1e-9)
+            })
+            .fold(0.0f64, f64::max);
+        (probe, independent, probe / independent)
+    };
+    // Up to three attempts: other tests' kernels share the device's multiprocessors, and one
+    // attempt can be skewed whole (seen on the H100 under the full suite: a probe of 1.4e12 B/s
+    // against 3.5e11 B/s). A probe formula off by more than the band fails every attempt.
+    let (mut probe, mut independent, mut ratio) = attempt();
+    for _ in 0..2 {
+        if (1.0 / 3.0..=3.0).contains(&ratio) {
+            break;
+        }
+        (probe, independent, ratio) = attempt();
+    }
     let got = client.read_one(dst).unwrap().to_elems::<f32>();
     assert_eq!(
         got[elems - 1],
         (elems - 1) as f32,
         "the independent copy ran"
     );
-    let ratio = probe / independent;
     eprintln!("measure_throughput: copy probe {probe:.3e} B/s, independent {independent:.3e} B/s");
     assert!(
         (1.0 / 3.0..=3.0).contains(&ratio),
-        "copy probe {probe:.3e} B/s against {independent:.3e} B/s timed independently (ratio {ratio:.2})"
+        "copy probe {probe:.3e} B/s against {independent:.3e} B/s timed independently (ratio {ratio:.2}, three attempts)"
     );
 
     let arith = |work_per_unit| {

@@ -43,8 +43,9 @@ pub(crate) fn ready<T: Send + 'static>(value: T) -> DynFut<T> {
     Box::pin(core::future::ready(value))
 }
 
-/// Entries of the [`ResolveCache`].
-const RESOLVE_ENTRIES: usize = 64;
+/// Entries of the [`ResolveCache`]: `1 << RESOLVE_BITS`.
+const RESOLVE_BITS: u32 = 6;
+const RESOLVE_ENTRIES: usize = 1 << RESOLVE_BITS;
 
 /// A slice range as the [`ResolveCache`] keys it: the slice id, and the offsets of the range from
 /// the slice's start and end.
@@ -73,8 +74,9 @@ impl Default for ResolveCache {
 
 impl ResolveCache {
     fn slot(key: SliceRange) -> usize {
-        // Fibonacci hashing of the slice id (its low bits are the pool's tag).
-        (key.0.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 58) as usize % RESOLVE_ENTRIES
+        // Fibonacci hashing of the slice id (its low bits are the pool's tag): the product's
+        // top `RESOLVE_BITS` bits.
+        (key.0.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> (u64::BITS - RESOLVE_BITS)) as usize
     }
 
     /// The range cached for `key` (slice id, offset from its start, offset from its end).

@@ -650,7 +650,6 @@ fn transfers(client: &Client, raw: &Raw) -> Vec<Row> {
                     kept.push(copies);
                 },
             ) / reps as f64;
-            drop(kept);
             rows.push(Row::new(
                 BACKEND,
                 &format!("upload {label} ablation: create_from_slice of uncached bytes"),
@@ -670,6 +669,44 @@ fn transfers(client: &Client, raw: &Raw) -> Vec<Row> {
                 "GB/s",
                 "raw cudarc pinned cuMemcpyHtoDAsync",
                 gbs(raw_h2d),
+                Better::Higher,
+            ));
+            // The physical limit of an upload from bytes not in the host's caches: the host copy
+            // of fresh copies (as `create(Bytes)` gets them) on the copy team, piece by piece into
+            // the same pinned buffer of at most 8 MiB as above, without any DMA; an upload runs at
+            // most at the slower of it and the pinned DMA.
+            let cold_copy = best_prepared(
+                3,
+                || (0..reps).map(|_| host.clone()).collect::<Vec<_>>(),
+                |copies| {
+                    for copy in &copies {
+                        // SAFETY: `host_dst_ptr` holds `size >= ring` pinned bytes nothing else
+                        // uses now.
+                        let dst = unsafe { core::slice::from_raw_parts_mut(host_dst_ptr, ring) };
+                        for piece in copy.chunks(ring) {
+                            let part = piece
+                                .len()
+                                .div_ceil(compute_core::copy::copy_threads() * 2)
+                                .max(256 << 10);
+                            compute_core::copy::copy_parallel(&mut dst[..piece.len()], piece, part);
+                        }
+                    }
+                    kept.push(copies);
+                },
+            ) / reps as f64;
+            drop(kept);
+            rows.push(Row::new(
+                BACKEND,
+                &format!("upload {label} create(Bytes) (vs physical limit)"),
+                gbs(owned),
+                "GB/s",
+                &format!(
+                    "min(host copy of uncached bytes -> pinned piece on {} threads {:.1} GB/s, \
+                     pinned DMA)",
+                    compute_core::copy::copy_threads(),
+                    gbs(cold_copy)
+                ),
+                gbs(cold_copy).min(gbs(raw_h2d)),
                 Better::Higher,
             ));
             for (path, secs) in [("create_from_slice", from_slice), ("create(Bytes)", owned)] {

@@ -69,13 +69,12 @@ type Done = compute_core::future::Sender<Result<(), ServerError>>;
 enum Job {
     /// Encode and submit a batch (an empty submission for an empty batch when `always`); the
     /// submission index goes to `reply`, if given, and its completion to `done`, if given
-    /// (then `prune` follows the submission).
+    /// (a submission waited for that way is followed by a prune of cached bind groups).
     Submit {
         batch: Batch,
         always: bool,
         reply: Option<IndexReply>,
         done: Option<Done>,
-        prune: bool,
     },
     /// Write parts of `bytes`, then whole 4-byte `words` (at their offsets), into `buffer`.
     Write {
@@ -159,7 +158,6 @@ impl Submitter {
             always: false,
             reply: None,
             done: None,
-            prune: false,
         })
     }
 
@@ -174,7 +172,6 @@ impl Submitter {
             always: true,
             reply: None,
             done: Some(done),
-            prune: true,
         })
     }
 
@@ -191,7 +188,6 @@ impl Submitter {
             always,
             reply: Some(reply),
             done: None,
-            prune: false,
         };
         // With `inline`, submitted here when the thread is idle: the caller waits anyway.
         let job = if self.inline {
@@ -269,8 +265,8 @@ impl Worker {
                 always,
                 reply,
                 done,
-                prune,
             } => {
+                let prune = done.is_some();
                 let index = self.submit(&batch, always, done);
                 batch.clear();
                 self.spare.give(batch);
@@ -495,8 +491,8 @@ impl WgpuServer {
             return ready(Err(e));
         }
         let guard = self.stage_guard_status();
-        let (errors, stream_errors) = (self.errors.clone(), self.stream_errors.clone());
-        if guard.is_none() {
+        let errors = self.errors.clone();
+        let completed = if guard.is_none() {
             // Nothing to map afterwards: the submit thread hands the submission to the poll
             // thread itself.
             self.idle();
@@ -506,29 +502,28 @@ impl WgpuServer {
             if let Err(e) = self.submitter.submit_then(batch, done) {
                 return ready(Err(e));
             }
-            return Box::pin(async move {
-                match completed.await {
-                    Some(outcome) => outcome?,
-                    // The submit thread lost the job (it panicked): its error is queued.
-                    None => {
-                        compute_core::error::take_result(&mut errors.lock())?;
-                        return Err(gone());
-                    }
-                }
-                stream_errors.take(stream)?;
-                compute_core::error::take_result(&mut errors.lock())
-            });
-        }
-        let index = match self.submit_always() {
-            Ok(index) => index,
-            Err(e) => return ready(Err(e)),
+            let errors = errors.clone();
+            Box::pin(async move {
+                // Without an answer the submit thread lost the job (it panicked): its error is
+                // queued.
+                completed.await.unwrap_or_else(|| {
+                    compute_core::error::take_result(&mut errors.lock())?;
+                    Err(gone())
+                })
+            })
+        } else {
+            let index = match self.submit_always() {
+                Ok(index) => index,
+                Err(e) => return ready(Err(e)),
+            };
+            if let Err(e) = self.submitter.prune() {
+                return ready(Err(e));
+            }
+            self.completion(index)
         };
-        if let Err(e) = self.submitter.prune() {
-            return ready(Err(e));
-        }
         let guard = guard.map(GuardRead::map);
         let maximum = self.streams.properties().hardware.max_cube_count;
-        let completed = self.completion(index);
+        let stream_errors = self.stream_errors.clone();
         Box::pin(async move {
             completed.await?;
             if let Some(guard) = guard {

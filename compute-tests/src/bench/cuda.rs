@@ -526,17 +526,20 @@ fn transfers(client: &Client, raw: &Raw) -> Vec<Row> {
         // team, piece by piece into one pinned buffer of at most 8 MiB (which stays in the
         // last-level cache; a copy into 1 GiB of pinned memory is bound by DRAM writes instead).
         let ring = size.min(8 << 20);
+        let stage = |src: &[u8]| {
+            // SAFETY: `host_dst_ptr` holds `size >= ring` pinned bytes nothing else uses now.
+            let dst = unsafe { core::slice::from_raw_parts_mut(host_dst_ptr, ring) };
+            for piece in src.chunks(ring) {
+                let part = piece
+                    .len()
+                    .div_ceil(compute_core::copy::copy_threads() * 2)
+                    .max(256 << 10);
+                compute_core::copy::copy_parallel(&mut dst[..piece.len()], piece, part);
+            }
+        };
         let host_copy = best_per_call(3, 1, || {
             for _ in 0..reps {
-                // SAFETY: `host_dst_ptr` holds `size >= ring` pinned bytes nothing else uses now.
-                let dst = unsafe { core::slice::from_raw_parts_mut(host_dst_ptr, ring) };
-                for piece in pageable[..].chunks(ring) {
-                    let part = piece
-                        .len()
-                        .div_ceil(compute_core::copy::copy_threads() * 2)
-                        .max(256 << 10);
-                    compute_core::copy::copy_parallel(&mut dst[..piece.len()], piece, part);
-                }
+                stage(&pageable[..]);
             }
         }) / reps as f64;
         // The caller's cost of a pageable write, apart from the DMA: a few writes that the
@@ -680,16 +683,7 @@ fn transfers(client: &Client, raw: &Raw) -> Vec<Row> {
                 || (0..reps).map(|_| host.clone()).collect::<Vec<_>>(),
                 |copies| {
                     for copy in &copies {
-                        // SAFETY: `host_dst_ptr` holds `size >= ring` pinned bytes nothing else
-                        // uses now.
-                        let dst = unsafe { core::slice::from_raw_parts_mut(host_dst_ptr, ring) };
-                        for piece in copy.chunks(ring) {
-                            let part = piece
-                                .len()
-                                .div_ceil(compute_core::copy::copy_threads() * 2)
-                                .max(256 << 10);
-                            compute_core::copy::copy_parallel(&mut dst[..piece.len()], piece, part);
-                        }
+                        stage(copy);
                     }
                     kept.push(copies);
                 },

@@ -28,27 +28,9 @@ pub(crate) struct Poller {
 pub(crate) struct Waiter(mpsc::Sender<Job>);
 
 impl Waiter {
-    /// Poll until `index` has completed; then send the outcome to `done`, if given (without
-    /// it, failures go to the poll thread's error queue).
-    pub(crate) fn wait(
-        &self,
-        index: wgpu::SubmissionIndex,
-        done: Option<Sender<Result<(), ServerError>>>,
-    ) {
-        send_wait(&self.0, index, done);
-    }
-}
-
-/// Queue a wait on the poll thread; when it stopped, `done` (if given) gets the error at once.
-fn send_wait(
-    sender: &mpsc::Sender<Job>,
-    index: wgpu::SubmissionIndex,
-    done: Option<Sender<Result<(), ServerError>>>,
-) {
-    if let Err(mpsc::SendError(Job::Wait(_, Some(done)))) = sender.send(Job::Wait(index, done)) {
-        done.send(Err(ServerError::Driver(
-            "the wgpu poll thread stopped".into(),
-        )));
+    /// Poll until `index` has completed (its failures go to the poll thread's error queue).
+    pub(crate) fn wait(&self, index: wgpu::SubmissionIndex) {
+        let _ = self.0.send(Job::Wait(index, None));
     }
 }
 
@@ -81,8 +63,13 @@ impl Poller {
         index: wgpu::SubmissionIndex,
         done: Option<Sender<Result<(), ServerError>>>,
     ) {
-        if let Some(sender) = &self.sender {
-            send_wait(sender, index, done);
+        let job = Job::Wait(index, done);
+        if let Some(sender) = &self.sender
+            && let Err(mpsc::SendError(Job::Wait(_, Some(done)))) = sender.send(job)
+        {
+            done.send(Err(ServerError::Driver(
+                "the wgpu poll thread stopped".into(),
+            )));
         }
     }
 }

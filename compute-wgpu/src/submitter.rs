@@ -63,18 +63,13 @@ impl WritePart {
 
 type IndexReply = mpsc::SyncSender<Result<Option<wgpu::SubmissionIndex>, ServerError>>;
 
-/// What to do with a submission's outcome once it completed: the poll thread sends it to `done`.
-type Done = compute_core::future::Sender<Result<(), ServerError>>;
-
 enum Job {
     /// Encode and submit a batch (an empty submission for an empty batch when `always`); the
-    /// submission index goes to `reply`, if given, and its completion to `done`, if given
-    /// (a submission waited for that way is followed by a prune of cached bind groups).
+    /// submission index goes to `reply`, if given.
     Submit {
         batch: Batch,
         always: bool,
         reply: Option<IndexReply>,
-        done: Option<Done>,
     },
     /// Write parts of `bytes`, then whole 4-byte `words` (at their offsets), into `buffer`.
     Write {
@@ -157,21 +152,6 @@ impl Submitter {
             batch,
             always: false,
             reply: None,
-            done: None,
-        })
-    }
-
-    /// Hand `batch` over for submission (an empty submission for an empty batch, which also
-    /// flushes pending writes), then prune cached bind groups; the submit thread passes the
-    /// submission to the poll thread, which sends its completion to `done`. Returns at once:
-    /// one hand-over where [`submit_indexed`](Self::submit_indexed) and a wait would cost the
-    /// caller a round trip to the submit thread and another hand-over to the poll thread.
-    pub(crate) fn submit_then(&self, batch: Batch, done: Done) -> Result<(), ServerError> {
-        self.send(Job::Submit {
-            batch,
-            always: true,
-            reply: None,
-            done: Some(done),
         })
     }
 
@@ -187,7 +167,6 @@ impl Submitter {
             batch,
             always,
             reply: Some(reply),
-            done: None,
         };
         // With `inline`, submitted here when the thread is idle: the caller waits anyway.
         let job = if self.inline {
@@ -264,15 +243,10 @@ impl Worker {
                 mut batch,
                 always,
                 reply,
-                done,
             } => {
-                let prune = done.is_some();
-                let index = self.submit(&batch, always, done);
+                let index = self.submit(&batch, always);
                 batch.clear();
                 self.spare.give(batch);
-                if prune {
-                    self.encoder.prune();
-                }
                 match reply {
                     Some(reply) => {
                         let _ = reply.send(index);
@@ -309,49 +283,27 @@ impl Worker {
         }
     }
 
-    /// Submit `batch`; with `done`, the submission's outcome goes there (a failed submission's
-    /// error too, which then is not returned), else its failure is returned.
     fn submit(
         &mut self,
         batch: &Batch,
         always: bool,
-        done: Option<Done>,
     ) -> Result<Option<wgpu::SubmissionIndex>, ServerError> {
-        let index = if batch.is_empty() {
-            Ok(always.then(|| self.queue.submit([])))
-        } else {
-            let encoded = self.encoder.encode(&self.device, &self.queue, batch);
-            let index = encoded.map(|buffer| Some(self.queue.submit([buffer])));
-            if index.is_err() || !self.errors.lock().is_empty() {
-                // A rejected submission may have dropped the info written for it.
-                self.encoder.forget_info();
-            }
-            index
-        };
-        match (index, &self.waiter) {
+        if batch.is_empty() {
+            return Ok(always.then(|| self.queue.submit([])));
+        }
+        let encoded = self.encoder.encode(&self.device, &self.queue, batch);
+        let index = encoded.map(|buffer| self.queue.submit([buffer]));
+        if index.is_err() || !self.errors.lock().is_empty() {
+            // A rejected submission may have dropped the info written for it.
+            self.encoder.forget_info();
+        }
+        if let (Ok(index), Some(waiter)) = (&index, &self.waiter) {
             // The poll thread waits for the batch and then retires it (wgpu frees a finished
             // command buffer in the first poll or submit that sees it done: resetting one of
-            // thousands of dispatches is a good part of a submission's cost); an empty
-            // submission is waited for only when someone waits for it.
-            (Ok(Some(index)), Some(waiter)) if !batch.is_empty() || done.is_some() => {
-                waiter.wait(index.clone(), done);
-                Ok(Some(index))
-            }
-            (Ok(index), _) => {
-                // With `done` and a submission, only a stopped poll thread gets here.
-                if let Some(done) = done {
-                    done.send(Err(gone()));
-                }
-                Ok(index)
-            }
-            (Err(e), _) => match done {
-                Some(done) => {
-                    done.send(Err(e));
-                    Ok(None)
-                }
-                None => Err(e),
-            },
+            // thousands of dispatches is a good part of a submission's cost).
+            waiter.wait(index.clone());
         }
+        index.map(Some)
     }
 }
 
@@ -491,39 +443,17 @@ impl WgpuServer {
             return ready(Err(e));
         }
         let guard = self.stage_guard_status();
-        let errors = self.errors.clone();
-        let completed = if guard.is_none() {
-            // Nothing to map afterwards: the submit thread hands the submission to the poll
-            // thread itself.
-            self.idle();
-            self.resolved.clear();
-            let batch = core::mem::replace(&mut self.batch, self.submitter.fresh_batch());
-            let (done, completed) = oneshot();
-            if let Err(e) = self.submitter.submit_then(batch, done) {
-                return ready(Err(e));
-            }
-            let errors = errors.clone();
-            Box::pin(async move {
-                // Without an answer the submit thread lost the job (it panicked): its error is
-                // queued.
-                completed.await.unwrap_or_else(|| {
-                    compute_core::error::take_result(&mut errors.lock())?;
-                    Err(gone())
-                })
-            })
-        } else {
-            let index = match self.submit_always() {
-                Ok(index) => index,
-                Err(e) => return ready(Err(e)),
-            };
-            if let Err(e) = self.submitter.prune() {
-                return ready(Err(e));
-            }
-            self.completion(index)
+        let index = match self.submit_always() {
+            Ok(index) => index,
+            Err(e) => return ready(Err(e)),
         };
+        if let Err(e) = self.submitter.prune() {
+            return ready(Err(e));
+        }
         let guard = guard.map(GuardRead::map);
         let maximum = self.streams.properties().hardware.max_cube_count;
-        let stream_errors = self.stream_errors.clone();
+        let (errors, stream_errors) = (self.errors.clone(), self.stream_errors.clone());
+        let completed = self.completion(index);
         Box::pin(async move {
             completed.await?;
             if let Some(guard) = guard {
